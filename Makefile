@@ -1,0 +1,49 @@
+# Every set-up step lives here: `make run` and `make test` work on a fresh Debian machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+
+.PHONY: run test lint pytest rules fake-nvml bench clean debian-packages
+
+# The main job: until the demo lands, the exporter printing what this machine sees.
+run: $(STAMP)
+	$(BIN)/llmgw-exporter --once
+
+test: lint pytest rules
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+debian-packages:
+	scripts/debian-packages.sh promtool=prometheus gcc=gcc
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+pytest: $(STAMP) debian-packages fake-nvml
+	$(BIN)/python -m pytest
+
+rules: debian-packages
+	@files=$$(find rules alerts -name '*.yml' | sort); \
+	if [ -n "$$files" ]; then promtool check rules --lint-fatal $$files; \
+	else echo "rules/ and alerts/ hold no rule files yet"; fi
+	@tests=$$(find tests/rules -name '*_test.yml' 2>/dev/null | sort); \
+	if [ -n "$$tests" ]; then promtool test rules $$tests; \
+	else echo "no promtool rule tests yet"; fi
+
+fake-nvml: tests/fake_nvml/libnvidia-ml.so.1
+
+tests/fake_nvml/libnvidia-ml.so.1: tests/fake_nvml/fake_nvml.c
+	gcc -shared -fPIC -O2 -Wall -Wextra -Werror -o $@.tmp $< && mv $@.tmp $@
+
+bench: $(STAMP)
+	scripts/debian-packages.sh prometheus-node-exporter=prometheus-node-exporter gcc=gcc
+	$(BIN)/python benchmarks/exporter_scrape.py
+
+clean:
+	rm -rf $(VENV) tests/fake_nvml/libnvidia-ml.so.1 .pytest_cache .ruff_cache

@@ -1,0 +1,5 @@
+import sys
+
+from exporter.main import main
+
+sys.exit(main())

@@ -1,0 +1,103 @@
+"""agent.yaml: where the node is, what it declares, and which sources it polls.
+
+```yaml
+node: gpu-r12-07-03              # default: the host name
+labels:
+  llmgw.io/site: sto1
+  llmgw.io/room: hall-b
+  llmgw.io/row: "12"
+  llmgw.io/rack: r12-07
+  llmgw.io/pdu: r12-07-a,r12-07-b  # both feeds of a dual-fed rack
+overhead_watts: 250              # fans, disks, PSU loss: what no sensor sees
+listen: ":9850"
+sources:                         # every source is on by default
+  gpu:   {enabled: true, interval: 5s, library: null}
+  hwmon: {enabled: true, interval: 5s}
+  rapl:  {enabled: true, interval: 5s}
+```
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+
+from exporter.sources import SOURCES
+from exporter.sources.base import SourceConfig
+from exporter.yamlfile import load_model
+
+DEFAULT_PORT = 9850
+
+# One typed section per registered source, so a misspelt source or key is
+# refused with its line, and each source's own keys are checked.
+Sources: type[BaseModel] = create_model(  # type: ignore[call-overload]
+    "Sources",
+    __config__=ConfigDict(extra="forbid", frozen=True),
+    **{name: (cls.Config, cls.Config()) for name, cls in SOURCES.items()},
+)
+
+
+class Labels(BaseModel):
+    """The well-known `llmgw.io/*` keys; any other key is refused as a likely typo."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    site: str = Field("", alias="llmgw.io/site")
+    room: str = Field("", alias="llmgw.io/room")
+    row: str = Field("", alias="llmgw.io/row")
+    rack: str = Field("", alias="llmgw.io/rack")
+    pdu: str = Field("", alias="llmgw.io/pdu")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_are_names(cls, data: Any) -> Any:
+        # YAML reads `llmgw.io/row: 12` as an int; a row's name is text either way.
+        if isinstance(data, dict):
+            return {
+                key: str(value) if type(value) in (int, float) else value
+                for key, value in data.items()
+            }
+        return data
+
+    @property
+    def pdus(self) -> list[str]:
+        """One entry per feed: `a,b` names both feeds of a dual-fed node."""
+        return [feed.strip() for feed in self.pdu.split(",") if feed.strip()]
+
+
+class AgentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node: str = Field(default_factory=socket.gethostname, min_length=1)
+    labels: Labels = Labels()
+    overhead_watts: float | None = Field(None, ge=0)
+    listen: str = f":{DEFAULT_PORT}"
+    sources: Sources = Sources()  # type: ignore[valid-type]
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_parses(cls, listen: str) -> str:
+        _, _, port = listen.rpartition(":")
+        if not port.isdigit() or int(port) > 65535:
+            raise ValueError(f"{listen!r} is not HOST:PORT or :PORT")
+        return listen
+
+    def source(self, name: str) -> SourceConfig:
+        config: SourceConfig = getattr(self.sources, name)
+        return config
+
+    def interval(self, name: str) -> float:
+        return self.source(name).interval or SOURCES[name].default_interval
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def load(path: Path | None) -> AgentConfig:
+    """agent.yaml, or the defaults when no file is given. Raises yamlfile.ConfigError."""
+    return AgentConfig() if path is None else load_model(path, AgentConfig)

@@ -1,0 +1,142 @@
+"""`llmgw-exporter`: poll this node's sensors and serve them to Prometheus."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+
+from exporter import config as agent_config
+from exporter.collector import ExporterCollector
+from exporter.poller import SourceRunner
+from exporter.sources import SOURCES
+from exporter.web import make_app, serve, status_page
+from exporter.yamlfile import ConfigError
+
+log = logging.getLogger("llmgw-exporter")
+
+
+def build_runners(config: agent_config.AgentConfig, sysfs: Path) -> list[SourceRunner]:
+    return [
+        SourceRunner(cls(sysfs, config.source(name)), config.interval(name))
+        for name, cls in SOURCES.items()
+        if config.source(name).enabled
+    ]
+
+
+def build_registry(
+    config: agent_config.AgentConfig, runners: list[SourceRunner]
+) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ExporterCollector(config, runners))
+    return registry
+
+
+def wait_settled(runners: list[SourceRunner], timeout: float) -> list[str]:
+    """Block until every source has a complete reading; return those that have none."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(runner.state.settled for runner in runners):
+            return []
+        time.sleep(0.05)
+    return [runner.name for runner in runners if not runner.state.settled]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="llmgw-exporter", description=__doc__)
+    parser.add_argument("--config", type=Path, help="agent.yaml (default: built-in defaults)")
+    parser.add_argument(
+        "--sysfs",
+        type=Path,
+        default=Path("/sys"),
+        help="root of sysfs, for containers and tests (default: /sys)",
+    )
+    parser.add_argument("--listen", help="HOST:PORT to serve on (default: agent.yaml's listen)")
+    parser.add_argument(
+        "--once",
+        action="store_true",
+        help="print one exposition once every source has a reading, and exit",
+    )
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = agent_config.load(args.config)
+        if args.listen:
+            config = agent_config.AgentConfig.model_validate(
+                {**config.model_dump(by_alias=True), "listen": args.listen}
+            )
+    except ConfigError as exc:
+        print(f"llmgw-exporter: refusing the configuration:\n{exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"llmgw-exporter: --listen: {exc}", file=sys.stderr)
+        return 2
+
+    runners = build_runners(config, args.sysfs)
+    registry = build_registry(config, runners)
+    stop = threading.Event()
+    for runner in runners:
+        runner.start(stop)
+
+    if args.once:
+        timeout = 10 + 3 * max((runner.interval for runner in runners), default=0)
+        missing = wait_settled(runners, timeout)
+        if missing:
+            log.warning("printing without a complete reading from: %s", ", ".join(missing))
+        sys.stdout.write(generate_latest(registry).decode())
+        stop.set()
+        for runner in runners:
+            runner.source.close()
+        return 0
+
+    registry.register(ProcessCollector(registry=None))
+    disabled = [name for name in SOURCES if not config.source(name).enabled]
+    app = make_app(registry, lambda: status_page(config, runners, disabled))
+    host, port = config.listen_address
+    try:
+        server = serve(host, port, app)
+    except OSError as exc:
+        print(f"llmgw-exporter: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+        stop.set()
+        return 1
+
+    def shutdown(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, shutdown)
+    signal.signal(signal.SIGINT, shutdown)
+    log.info(
+        "serving %s on http://%s:%d/metrics (sources: %s)",
+        config.node,
+        host,
+        server.server_port,
+        ", ".join(runner.name for runner in runners) or "none",
+    )
+    server.serve_forever()
+    for runner in runners:
+        runner.join(timeout=5)
+        runner.source.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

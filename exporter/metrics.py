@@ -1,0 +1,141 @@
+"""Every metric the exporter publishes: name, type, help and label names.
+
+The names are a contract (DESIGN.md §2): rules, dashboards and the decider read
+them. `node` is on every series and is not listed here. A source may only emit
+metrics from this table; docs/metrics.md describes each one for operators.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+MetricType = Literal["gauge", "counter"]
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    name: str
+    type: MetricType
+    help: str
+    labels: tuple[str, ...] = ()
+
+
+_SPECS = [
+    # agent.yaml
+    MetricSpec(
+        "llmgw_node_info",
+        "gauge",
+        "The node's place in the location tree (agent.yaml labels); always 1.",
+        ("site", "room", "row", "rack"),
+    ),
+    MetricSpec(
+        "llmgw_node_pdu_info",
+        "gauge",
+        "One series per PDU feed the node draws from (agent.yaml); always 1.",
+        ("pdu",),
+    ),
+    MetricSpec(
+        "llmgw_node_power_overhead_watts",
+        "gauge",
+        "Declared draw that no sensor sees: fans, disks, PSU loss (agent.yaml).",
+    ),
+    # gpu (NVML)
+    MetricSpec(
+        "llmgw_gpu_info",
+        "gauge",
+        "One series per physical GPU; always 1.",
+        ("gpu", "uuid", "model"),
+    ),
+    MetricSpec("llmgw_gpu_temperature_celsius", "gauge", "GPU die temperature.", ("gpu", "uuid")),
+    MetricSpec(
+        "llmgw_gpu_memory_temperature_celsius",
+        "gauge",
+        "GPU memory (HBM) temperature, where the card reports it.",
+        ("gpu", "uuid"),
+    ),
+    MetricSpec(
+        "llmgw_gpu_slowdown_temperature_celsius",
+        "gauge",
+        "Temperature at which the card starts slowing its clocks down.",
+        ("gpu", "uuid"),
+    ),
+    MetricSpec("llmgw_gpu_power_watts", "gauge", "GPU power draw.", ("gpu", "uuid")),
+    MetricSpec(
+        "llmgw_gpu_power_limit_watts",
+        "gauge",
+        "GPU power limit enforced after every limiter.",
+        ("gpu", "uuid"),
+    ),
+    MetricSpec(
+        "llmgw_gpu_energy_joules_total",
+        "counter",
+        "GPU energy consumed since the driver was loaded.",
+        ("gpu", "uuid"),
+    ),
+    MetricSpec(
+        "llmgw_gpu_throttled",
+        "gauge",
+        "1 while the GPU holds its clocks down for this reason; reasons the card supports.",
+        ("gpu", "uuid", "reason"),
+    ),
+    # hwmon
+    MetricSpec(
+        "llmgw_node_cpu_temperature_celsius",
+        "gauge",
+        "CPU package temperature, else the hottest core.",
+        ("chip", "sensor"),
+    ),
+    MetricSpec(
+        "llmgw_node_inlet_temperature_celsius",
+        "gauge",
+        "Board inlet or ambient air temperature.",
+        ("chip", "sensor"),
+    ),
+    # rapl
+    MetricSpec(
+        "llmgw_node_cpu_power_watts",
+        "gauge",
+        "CPU package power, from RAPL energy over the last poll interval.",
+        ("package",),
+    ),
+    MetricSpec(
+        "llmgw_node_cpu_energy_joules_total",
+        "counter",
+        "CPU package energy from RAPL, counter wraps corrected.",
+        ("package",),
+    ),
+    MetricSpec(
+        "llmgw_node_dram_power_watts",
+        "gauge",
+        "DRAM power, from RAPL energy over the last poll interval.",
+        ("package",),
+    ),
+    MetricSpec(
+        "llmgw_node_dram_energy_joules_total",
+        "counter",
+        "DRAM energy from RAPL, counter wraps corrected.",
+        ("package",),
+    ),
+    # the exporter itself
+    MetricSpec(
+        "llmgw_exporter_source_up",
+        "gauge",
+        "1 if the source's last poll succeeded (or found no such hardware), else 0.",
+        ("source",),
+    ),
+    MetricSpec(
+        "llmgw_exporter_source_duration_seconds",
+        "gauge",
+        "How long the source's last poll took.",
+        ("source",),
+    ),
+    MetricSpec(
+        "llmgw_exporter_source_last_success_timestamp_seconds",
+        "gauge",
+        "Unix time of the source's last successful poll.",
+        ("source",),
+    ),
+]
+
+METRICS: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}

@@ -1,0 +1,65 @@
+"""The shape every source has; see sources/__init__.py for the table of them."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+
+from exporter.samples import Sample
+from exporter.yamlfile import Duration
+
+
+class SourceConfig(BaseModel):
+    """A source's section of agent.yaml (`sources.<name>`); a source may add keys."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: Longest interval the config may set, where a longer one would lose data.
+    max_interval: ClassVar[float | None] = None
+
+    enabled: bool = True
+    interval: Duration | None = None
+
+    @field_validator("interval")
+    @classmethod
+    def _not_too_long(cls, interval: float | None, info: ValidationInfo) -> float | None:
+        if interval is not None and cls.max_interval is not None and interval > cls.max_interval:
+            raise ValueError(
+                f"{interval:g}s is longer than {cls.max_interval:g}s,"
+                " past which readings would be lost"
+            )
+        return interval
+
+
+class Source(ABC):
+    """One family of sensors, polled in the background at its own pace.
+
+    `poll()` returns the samples of one reading. It raises `NoData` when the
+    hardware is absent, and any other exception when reading failed; the poller
+    contains both, so one source never fails a scrape or another source.
+    Constructors take every root and handle they read from (STYLE.md §4) and
+    touch no hardware: the first contact is the first poll.
+    """
+
+    name: ClassVar[str]
+    default_interval: ClassVar[float]
+    Config: ClassVar[type[SourceConfig]] = SourceConfig
+
+    def __init__(self, sysfs: Path, config: SourceConfig) -> None:
+        self.sysfs = sysfs
+        self.config = config
+
+    @abstractmethod
+    def poll(self) -> list[Sample]:
+        """Read the sensors once."""
+
+    @property
+    def warming_up(self) -> bool:
+        """True while a successful poll still lacks series that need a second sample."""
+        return False
+
+    def close(self) -> None:  # noqa: B027 - an optional hook, empty by default
+        """Release what the source holds (libraries, handles). Called once at exit."""

@@ -1,0 +1,235 @@
+"""GPU sensors through NVML (`nvidia-ml-py`), one physical GPU at a time.
+
+Emits, per physical GPU (never once per MIG instance):
+
+    llmgw_gpu_info{node,gpu="0",uuid="GPU-…",model="NVIDIA H100 80GB HBM3"} 1
+    llmgw_gpu_temperature_celsius{node,gpu,uuid} 41
+    llmgw_gpu_memory_temperature_celsius{node,gpu,uuid} 48
+    llmgw_gpu_slowdown_temperature_celsius{node,gpu,uuid} 87
+    llmgw_gpu_power_watts{node,gpu,uuid} 69.85
+    llmgw_gpu_power_limit_watts{node,gpu,uuid} 700
+    llmgw_gpu_energy_joules_total{node,gpu,uuid} 123456.789
+    llmgw_gpu_throttled{node,gpu,uuid,reason="hw_thermal"} 0
+
+Missing data:
+- no NVML library on the node, or no GPU → `NoData`: up, no series, said once.
+- a reading the card does not support, or that needs a permission we lack
+  (NVML "not supported", "no permission"), or a value outside physical bounds →
+  that series is absent; the HBM temperature is read through a field value whose
+  own return code must say success (unsupported cards report a garbage zero).
+  Throttle reasons are published only for those the card lists as supported.
+- one GPU failing (lost, fallen off the bus, unknown error) → its series are
+  absent this poll, the other GPUs are served, and the source is reported down
+  until every GPU answers again.
+- the driver gone or reloaded (uninitialised, driver not loaded, library/driver
+  version mismatch) → the source is down and NVML is initialised afresh on the
+  next poll.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+from typing import Any, ClassVar
+
+import pynvml
+
+from exporter.samples import NoData, PartialReading, Sample
+from exporter.sources.base import Source, SourceConfig
+
+#: NVML clock event reasons that tell something about heat and power, by the
+#: name DESIGN.md gives them. `sw_power_cap` is normal under load, not thermal.
+THROTTLE_REASONS = {
+    "sw_power_cap": pynvml.nvmlClocksEventReasonSwPowerCap,
+    "hw_slowdown": pynvml.nvmlClocksEventReasonHwSlowdown,
+    "sw_thermal": pynvml.nvmlClocksEventReasonSwThermalSlowdown,
+    "hw_thermal": pynvml.nvmlClocksEventReasonHwThermalSlowdown,
+    "power_brake": pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown,
+}
+
+# A GPU die or HBM stack reads between room temperature and ~110 °C in
+# service; anything outside this band is a broken sensor, not a reading.
+MIN_TEMPERATURE_C = -20.0
+MAX_TEMPERATURE_C = 150.0
+
+#: Answers meaning "this card cannot tell": the series is absent, quietly.
+_UNAVAILABLE = {
+    pynvml.NVML_ERROR_NOT_SUPPORTED,
+    pynvml.NVML_ERROR_NO_PERMISSION,
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+    pynvml.NVML_ERROR_NO_DATA,
+    pynvml.NVML_ERROR_NOT_READY,
+}
+#: Answers meaning the driver itself went away: initialise NVML again.
+_DRIVER_GONE = {
+    pynvml.NVML_ERROR_UNINITIALIZED,
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+}
+
+# pynvml keeps the loaded library in module globals: one NVML per process.
+_library_lock = threading.Lock()
+
+
+class GpuConfig(SourceConfig):
+    #: Path of libnvidia-ml.so.1; default: the dynamic loader's search, as pynvml does.
+    library: str | None = None
+
+
+def _within_bounds(celsius: float) -> bool:
+    return MIN_TEMPERATURE_C <= celsius <= MAX_TEMPERATURE_C
+
+
+class GpuSource(Source):
+    name: ClassVar[str] = "gpu"
+    default_interval: ClassVar[float] = 5.0
+    Config: ClassVar[type[SourceConfig]] = GpuConfig
+    config: GpuConfig
+
+    def __init__(self, sysfs: Any, config: SourceConfig, nvml: Any = pynvml) -> None:
+        super().__init__(sysfs, config)
+        self.nvml = nvml
+        self.initialized = False
+
+    def _init(self) -> None:
+        with _library_lock:
+            if self.config.library and self.nvml.nvmlLib is None:
+                try:
+                    self.nvml.nvmlLib = ctypes.CDLL(self.config.library)
+                except OSError as exc:
+                    raise RuntimeError(
+                        f"cannot load the NVML library {self.config.library}: {exc}"
+                    ) from exc
+        try:
+            self.nvml.nvmlInit()
+        except self.nvml.NVMLError_LibraryNotFound as exc:
+            raise NoData("no NVIDIA driver library (libnvidia-ml.so.1) on this node") from exc
+        self.initialized = True
+
+    def close(self) -> None:
+        if self.initialized:
+            self.initialized = False
+            # A failing shutdown means the driver is already gone: nothing to release.
+            with contextlib.suppress(self.nvml.NVMLError):
+                self.nvml.nvmlShutdown()
+
+    def poll(self) -> list[Sample]:
+        if not self.initialized:
+            self._init()
+        try:
+            count = self.nvml.nvmlDeviceGetCount()
+        except self.nvml.NVMLError as exc:
+            self._forget_driver_if_gone(exc)
+            raise
+        if count == 0:
+            raise NoData("NVML sees no GPU on this node")
+        samples: list[Sample] = []
+        failures: list[str] = []
+        for index in range(count):
+            try:
+                samples += self._read_gpu(index)
+            except self.nvml.NVMLError as exc:
+                self._forget_driver_if_gone(exc)
+                failures.append(f"GPU {index}: {exc}")
+        if failures:
+            raise PartialReading(samples, "; ".join(failures))
+        return samples
+
+    def _forget_driver_if_gone(self, exc: Exception) -> None:
+        if getattr(exc, "value", None) in _DRIVER_GONE:
+            self.close()
+
+    def _optional(self, call: Any, *args: Any) -> Any:
+        """The call's answer, or None when the card cannot tell; other errors propagate."""
+        try:
+            return call(*args)
+        except self.nvml.NVMLError as exc:
+            if exc.value in _UNAVAILABLE:
+                return None
+            raise
+
+    def _read_gpu(self, index: int) -> list[Sample]:
+        nvml = self.nvml
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = nvml.nvmlDeviceGetUUID(handle)
+        labels = {"gpu": str(index), "uuid": uuid}
+        samples = [Sample("llmgw_gpu_info", 1, {**labels, "model": nvml.nvmlDeviceGetName(handle)})]
+
+        def celsius(metric: str, value: float | None) -> None:
+            if value is not None and _within_bounds(value):
+                samples.append(Sample(metric, float(value), labels))
+
+        celsius(
+            "llmgw_gpu_temperature_celsius",
+            self._optional(nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU),
+        )
+        celsius("llmgw_gpu_memory_temperature_celsius", self._memory_temperature(handle))
+        celsius(
+            "llmgw_gpu_slowdown_temperature_celsius",
+            self._optional(
+                nvml.nvmlDeviceGetTemperatureThreshold,
+                handle,
+                nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+            ),
+        )
+        for metric, call, scale in (
+            ("llmgw_gpu_power_watts", nvml.nvmlDeviceGetPowerUsage, 1e-3),
+            ("llmgw_gpu_power_limit_watts", nvml.nvmlDeviceGetEnforcedPowerLimit, 1e-3),
+            ("llmgw_gpu_energy_joules_total", nvml.nvmlDeviceGetTotalEnergyConsumption, 1e-3),
+        ):
+            value = self._optional(call, handle)
+            if value is not None:
+                samples.append(Sample(metric, value * scale, labels))
+        samples += self._throttle_reasons(handle, labels)
+        return samples
+
+    def _memory_temperature(self, handle: Any) -> float | None:
+        nvml = self.nvml
+        values = self._optional(
+            nvml.nvmlDeviceGetFieldValues, handle, [nvml.NVML_FI_DEV_MEMORY_TEMP]
+        )
+        if values is None or values[0].nvmlReturn != nvml.NVML_SUCCESS:
+            return None
+        field = values[0]
+        by_type = {
+            nvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+            nvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+            nvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+            nvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+            nvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+            nvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+        }
+        member = by_type.get(field.valueType)
+        return None if member is None else float(getattr(field.value, member))
+
+    def _throttle_reasons(self, handle: Any, labels: dict[str, str]) -> list[Sample]:
+        nvml = self.nvml
+        # Drivers before R535 know only the older "throttle" names of the same calls.
+        supported = self._either(
+            nvml.nvmlDeviceGetSupportedClocksEventReasons,
+            nvml.nvmlDeviceGetSupportedClocksThrottleReasons,
+            handle,
+        )
+        current = self._either(
+            nvml.nvmlDeviceGetCurrentClocksEventReasons,
+            nvml.nvmlDeviceGetCurrentClocksThrottleReasons,
+            handle,
+        )
+        if supported is None or current is None:
+            return []
+        return [
+            Sample("llmgw_gpu_throttled", 1 if current & bit else 0, {**labels, "reason": reason})
+            for reason, bit in THROTTLE_REASONS.items()
+            if supported & bit
+        ]
+
+    def _either(self, call: Any, fallback: Any, handle: Any) -> int | None:
+        try:
+            return call(handle)  # type: ignore[no-any-return]
+        except self.nvml.NVMLError_FunctionNotFound:
+            return self._optional(fallback, handle)  # type: ignore[no-any-return]
+        except self.nvml.NVMLError as exc:
+            if exc.value in _UNAVAILABLE:
+                return None
+            raise

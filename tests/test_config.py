@@ -1,0 +1,103 @@
+"""agent.yaml: accepted as documented, refused with file, line and reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from exporter import config as agent_config
+from exporter.yamlfile import ConfigError, parse_duration
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "agent.yaml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "agent.yaml"
+    path.write_text(text)
+    return path
+
+
+def refusal(tmp_path: Path, text: str) -> str:
+    with pytest.raises(ConfigError) as caught:
+        agent_config.load(write(tmp_path, text))
+    return str(caught.value)
+
+
+def test_the_example_file_loads_as_documented():
+    config = agent_config.load(EXAMPLE)
+    assert config.node == "gpu-r12-07-03"
+    assert (config.labels.site, config.labels.room, config.labels.row, config.labels.rack) == (
+        "sto1", "hall-b", "12", "r12-07")
+    assert config.labels.pdus == ["r12-07-a", "r12-07-b"]
+    assert config.overhead_watts == 250
+    assert config.listen_address == ("0.0.0.0", 9850)
+    assert config.interval("rapl") == 5.0
+
+
+def test_no_file_means_defaults_named_after_the_host():
+    config = agent_config.load(None)
+    assert config.node
+    assert config.labels.pdus == []
+    assert config.overhead_watts is None
+    assert all(config.source(name).enabled for name in ("gpu", "hwmon", "rapl"))
+
+
+def test_a_numeric_row_is_a_name(tmp_path):
+    config = agent_config.load(write(tmp_path, "labels: {llmgw.io/row: 12}\n"))
+    assert config.labels.row == "12"
+
+
+def test_every_problem_is_reported_at_once_with_its_line(tmp_path):
+    message = refusal(tmp_path, (
+        "node: n1\n"
+        "labels:\n"
+        "  llmgw.io/rak: r1\n"          # line 3: a typo of rack
+        "overhead_watts: -5\n"          # line 4: negative
+        "sources:\n"
+        "  gpu: {interval: 5 parsecs}\n"  # line 6: not a duration
+        "  gpus: {enabled: false}\n"    # line 7: no such source
+    ))
+    path = tmp_path / "agent.yaml"
+    assert f"{path}:3: labels.llmgw.io/rak: Extra inputs are not permitted" in message
+    assert f"{path}:4: overhead_watts: Input should be greater than or equal to 0" in message
+    assert f"{path}:6: sources.gpu.interval: Value error, '5 parsecs' is not a duration" in message
+    assert f"{path}:7: sources.gpus: Extra inputs are not permitted" in message
+
+
+def test_a_rapl_interval_that_would_miss_a_wrap_is_refused(tmp_path):
+    message = refusal(tmp_path, "sources:\n  rapl:\n    interval: 30m\n")
+    assert ":3: sources.rapl.interval: Value error, 1800s is longer than" in message
+
+
+def test_broken_yaml_names_its_line(tmp_path):
+    message = refusal(tmp_path, "node: n1\nlabels: [unclosed\n")
+    assert message.startswith(f"{tmp_path / 'agent.yaml'}:")
+    assert "not valid YAML" in message
+
+
+def test_duplicate_keys_are_refused_not_silently_overwritten(tmp_path):
+    message = refusal(tmp_path, "node: a\nnode: b\n")
+    assert ":2: duplicate key 'node'" in message
+
+
+def test_a_bad_listen_address_is_refused(tmp_path):
+    assert "listen: Value error, 'localhost' is not HOST:PORT" in refusal(
+        tmp_path, "listen: localhost\n")
+
+
+def test_an_unreadable_file_is_a_clear_refusal(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read the file"):
+        agent_config.load(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("5s", 5.0), ("500ms", 0.5), ("2m", 120.0), ("1h", 3600.0), (3, 3.0), ("1.5s", 1.5)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["0s", "-1s", "soon", True, "5 s s"])
+def test_bad_durations(text):
+    with pytest.raises(ValueError):
+        parse_duration(text)
