@@ -1,0 +1,250 @@
+"""CPU package and DRAM energy and power from RAPL, read through powercap sysfs.
+
+Reads `<sysfs>/class/powercap/`. Top-level zones `intel-rapl:N` (and `amd-rapl:N`,
+should a kernel name them so; mainline drives AMD's RAPL through `intel-rapl`)
+whose `name` is `package-M` give package M; `package-M-die-D` (multi-die
+parts) gives `package="M-die-D"`. Their sub-zone named `dram` (nested under the
+zone, or beside it as `intel-rapl:N:K`) gives that package's DRAM. Not read:
+`core`/`uncore` sub-zones (part of the package), `psys` (platform-wide, would
+double-count), `intel-rapl-mmio:*` (the same package counter again).
+
+Missing-data policy (STYLE.md §3):
+- no powercap directory, or no package zone → `NoData`;
+- a zone whose `energy_uj` is missing or not a number → skipped this poll, the
+  rest are served and the source reported down with that zone named
+  (`PartialReading`); an error when no zone at all could be read;
+- `energy_uj` unreadable for lack of privilege (root-only since CVE-2020-8694)
+  → `RaplPermissionError`: the source is down, no series;
+- counter went backwards: wrap-corrected with `max_energy_range_uj`; without
+  it (or with an impossible delta) that interval is dropped: no power, the
+  counter holds still, the next interval starts from the new reading.
+
+Lines emitted (power from the second reading of a zone on):
+
+    llmgw_node_cpu_energy_joules_total{package="0"} 240422.366267
+    llmgw_node_cpu_power_watts{package="0"} 350.0
+    llmgw_node_dram_energy_joules_total{package="0"} 24468.409791
+    llmgw_node_dram_power_watts{package="0"} 41.5
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from exporter.samples import NoData, PartialReading, Sample
+from exporter.sources.base import Source, SourceConfig
+from exporter.sysfs import read_int, read_text
+
+log = logging.getLogger(__name__)
+
+# A package counter spans max_energy_range_uj = 262,143,328,850 µJ (2^32 units of
+# 61.035 µJ): it wraps in 262,143 J / 350 W ≈ 12.5 min, and in ≈ 4.4 min at
+# 1,000 W. Two polls must fall inside one wrap or a whole wrap goes unseen, so
+# the poll interval may not exceed 60 s, well inside the worst case.
+MAX_INTERVAL_SECONDS = 60.0
+
+CONTROL_TYPES = ("intel-rapl", "amd-rapl")
+_ZONE = re.compile(r"(?P<type>[a-z-]+):[0-9a-f]+")
+_PACKAGE = re.compile(r"package-(?P<package>\d+(?:-die-\d+)?)")
+_UJ_PER_J = 1e6
+
+_METRICS = {
+    "cpu": ("llmgw_node_cpu_energy_joules_total", "llmgw_node_cpu_power_watts"),
+    "dram": ("llmgw_node_dram_energy_joules_total", "llmgw_node_dram_power_watts"),
+}
+
+
+class RaplPermissionError(PermissionError):
+    """`energy_uj` exists but this process may not read it."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Zone:
+    kind: str  # "cpu" or "dram"
+    package: str
+    path: Path
+
+
+@dataclass(frozen=True, slots=True)
+class _Counter:
+    raw_uj: int  # the zone's last raw reading
+    time: float  # monotonic time of that reading
+    total_uj: int  # the published, wrap-corrected counter
+
+
+def energy_delta_uj(previous: int, current: int, max_range_uj: int | None) -> int | None:
+    """Energy in µJ between two raw readings, or None when it cannot be known.
+
+    The kernel shows a 32-bit register times its energy unit, truncated to µJ:
+    `max_energy_range_uj` is the largest value `energy_uj` can show, and the
+    step past it to 0 is one hardware unit (61 µJ for packages, 15.3 µJ for
+    DRAM), not 1 µJ. That unit is not in sysfs, so a wrap counts
+    `max - previous + current` (as Kepler does): short by one unit a wrap,
+    a few parts per billion. No "+1": it would be the wrong correction too.
+    """
+    if current >= previous:
+        delta = current - previous
+    elif max_range_uj is None:
+        return None
+    else:
+        delta = max_range_uj - previous + current
+    if max_range_uj is not None and delta > max_range_uj:
+        return None
+    return delta
+
+
+class RaplConfig(SourceConfig):
+    max_interval: ClassVar[float | None] = MAX_INTERVAL_SECONDS
+
+
+class RaplSource(Source):
+    name: ClassVar[str] = "rapl"
+    default_interval: ClassVar[float] = 5.0
+    Config: ClassVar[type[SourceConfig]] = RaplConfig
+
+    def __init__(
+        self,
+        sysfs: Path,
+        config: SourceConfig,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(sysfs, config)
+        self._clock = clock
+        self._counters: dict[tuple[str, str], _Counter] = {}
+        self._warming = True
+
+    @property
+    def warming_up(self) -> bool:
+        return self._warming
+
+    def poll(self) -> list[Sample]:
+        zones = self._discover()
+        samples: list[Sample] = []
+        counters: dict[tuple[str, str], _Counter] = {}
+        failing: set[Path] = set()
+        warming = False
+        for zone in zones:
+            key = (zone.kind, zone.package)
+            previous = self._counters.get(key)
+            raw_uj = self._read_energy(zone.path)
+            now = self._clock()
+            if raw_uj is None:
+                failing.add(zone.path)
+                if previous is not None:
+                    counters[key] = previous
+                continue
+            counter, watts = self._advance(previous, raw_uj, now, zone.path)
+            counters[key] = counter
+            energy_metric, power_metric = _METRICS[zone.kind]
+            labels = {"package": zone.package}
+            samples.append(Sample(energy_metric, counter.total_uj / _UJ_PER_J, labels))
+            if watts is None:
+                warming = True
+            else:
+                samples.append(Sample(power_metric, watts, dict(labels)))
+        if not samples:
+            raise RuntimeError(f"no RAPL zone could be read: {sorted(map(str, failing))}")
+        self._counters = counters
+        self._warming = warming
+        if failing:
+            unread = ", ".join(f"{path}/energy_uj" for path in sorted(failing))
+            raise PartialReading(samples, f"missing or not a number: {unread}")
+        return samples
+
+    def _advance(
+        self, previous: _Counter | None, raw_uj: int, now: float, path: Path
+    ) -> tuple[_Counter, float | None]:
+        """The zone's new counter, and its power over the interval where known."""
+        if previous is None:
+            return _Counter(raw_uj, now, raw_uj), None
+        if now <= previous.time:
+            return previous, None
+        delta = energy_delta_uj(previous.raw_uj, raw_uj, _read_max_range(path))
+        if delta is None:
+            log.info(
+                "rapl: %s went from %d to %d µJ: interval dropped", path, previous.raw_uj, raw_uj
+            )
+            return _Counter(raw_uj, now, previous.total_uj), None
+        watts = delta / _UJ_PER_J / (now - previous.time)
+        return _Counter(raw_uj, now, previous.total_uj + delta), watts
+
+    def _discover(self) -> list[_Zone]:
+        root = self.sysfs / "class" / "powercap"
+        try:
+            entries = sorted(os.listdir(root), key=_zone_order)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise NoData(f"no powercap directory at {root}") from exc
+        zones: list[_Zone] = []
+        seen: set[tuple[str, str]] = set()
+        for entry in entries:
+            match = _ZONE.fullmatch(entry)
+            if match is None or match["type"] not in CONTROL_TYPES:
+                continue
+            package = _PACKAGE.fullmatch(_read_name(root / entry) or "")
+            if package is None or ("cpu", package["package"]) in seen:
+                continue
+            zones.append(_Zone("cpu", package["package"], root / entry))
+            seen.add(("cpu", package["package"]))
+            for sub in _subzones(root, entry):
+                if _read_name(sub) == "dram" and ("dram", package["package"]) not in seen:
+                    zones.append(_Zone("dram", package["package"], sub))
+                    seen.add(("dram", package["package"]))
+        if not zones:
+            raise NoData(f"no RAPL package zone under {root}")
+        return zones
+
+    def _read_energy(self, path: Path) -> int | None:
+        try:
+            raw = read_int(path / "energy_uj")
+        except PermissionError as exc:
+            raise RaplPermissionError(
+                f"cannot read {path / 'energy_uj'}: RAPL energy_uj is readable by root only "
+                "(CVE-2020-8694); run the exporter as root or give it CAP_DAC_READ_SEARCH"
+            ) from exc
+        return raw if raw is not None and raw >= 0 else None
+
+
+def _zone_order(entry: str) -> tuple[str, tuple[int, ...]]:
+    """`intel-rapl:a` after `intel-rapl:9`: zone ids are hexadecimal."""
+    kind, _, ids = entry.partition(":")
+    try:
+        return kind, tuple(int(part, 16) for part in ids.split(":"))
+    except ValueError:
+        return kind, ()
+
+
+def _subzones(root: Path, zone: str) -> list[Path]:
+    """`zone:K` sub-zones, nested (devices tree) or flat (class links); each once."""
+    pattern = re.compile(re.escape(zone) + r":[0-9a-f]+")
+    found: dict[str, Path] = {}
+    for parent in (root / zone, root):
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in names:
+            if pattern.fullmatch(name) and name not in found:
+                found[name] = parent / name
+    return [found[name] for name in sorted(found, key=_zone_order)]
+
+
+def _read_name(zone: Path) -> str | None:
+    try:
+        return read_text(zone / "name")
+    except PermissionError:
+        return None
+
+
+def _read_max_range(zone: Path) -> int | None:
+    try:
+        value = read_int(zone / "max_energy_range_uj")
+    except PermissionError:
+        return None
+    return value if value is not None and value > 0 else None
