@@ -28,7 +28,11 @@ def test_the_example_file_loads_as_documented():
     config = agent_config.load(EXAMPLE)
     assert config.node == "gpu-r12-07-03"
     assert (config.labels.site, config.labels.room, config.labels.row, config.labels.rack) == (
-        "sto1", "hall-b", "12", "r12-07")
+        "sto1",
+        "hall-b",
+        "12",
+        "r12-07",
+    )
     assert config.labels.pdus == ["r12-07-a", "r12-07-b"]
     assert config.overhead_watts == 250
     assert config.listen_address == ("0.0.0.0", 9850)
@@ -49,15 +53,18 @@ def test_a_numeric_row_is_a_name(tmp_path):
 
 
 def test_every_problem_is_reported_at_once_with_its_line(tmp_path):
-    message = refusal(tmp_path, (
-        "node: n1\n"
-        "labels:\n"
-        "  llmgw.io/rak: r1\n"          # line 3: a typo of rack
-        "overhead_watts: -5\n"          # line 4: negative
-        "sources:\n"
-        "  gpu: {interval: 5 parsecs}\n"  # line 6: not a duration
-        "  gpus: {enabled: false}\n"    # line 7: no such source
-    ))
+    message = refusal(
+        tmp_path,
+        (
+            "node: n1\n"
+            "labels:\n"
+            "  llmgw.io/rak: r1\n"  # line 3: a typo of rack
+            "overhead_watts: -5\n"  # line 4: negative
+            "sources:\n"
+            "  gpu: {interval: 5 parsecs}\n"  # line 6: not a duration
+            "  gpus: {enabled: false}\n"  # line 7: no such source
+        ),
+    )
     path = tmp_path / "agent.yaml"
     assert f"{path}:3: labels.llmgw.io/rak: Extra inputs are not permitted" in message
     assert f"{path}:4: overhead_watts: Input should be greater than or equal to 0" in message
@@ -83,7 +90,8 @@ def test_duplicate_keys_are_refused_not_silently_overwritten(tmp_path):
 
 def test_a_bad_listen_address_is_refused(tmp_path):
     assert "listen: Value error, 'localhost' is not HOST:PORT" in refusal(
-        tmp_path, "listen: localhost\n")
+        tmp_path, "listen: localhost\n"
+    )
 
 
 def test_an_unreadable_file_is_a_clear_refusal(tmp_path):
@@ -91,8 +99,10 @@ def test_an_unreadable_file_is_a_clear_refusal(tmp_path):
         agent_config.load(tmp_path / "missing.yaml")
 
 
-@pytest.mark.parametrize(("text", "seconds"), [
-    ("5s", 5.0), ("500ms", 0.5), ("2m", 120.0), ("1h", 3600.0), (3, 3.0), ("1.5s", 1.5)])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("5s", 5.0), ("500ms", 0.5), ("2m", 120.0), ("1h", 3600.0), (3, 3.0), ("1.5s", 1.5)],
+)
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds
 
@@ -101,3 +111,15 @@ def test_durations(text, seconds):
 def test_bad_durations(text):
     with pytest.raises(ValueError):
         parse_duration(text)
+
+
+def test_check_config_passes_a_good_file_and_names_every_problem_of_a_bad_one(tmp_path, capsys):
+    from decider.cli import main
+
+    assert main(["check-config", "--agent", str(EXAMPLE)]) == 0
+    assert "examples/agent.yaml: ok (node gpu-r12-07-03, rack r12-07)" in capsys.readouterr().out
+    bad = write(tmp_path, "labels: {llmgw.io/rack: r1, llmgw.io/pud: p}\noverhead_watts: lots\n")
+    assert main(["check-config", "--agent", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}:1: labels.llmgw.io/pud: Extra inputs are not permitted" in err
+    assert f"{bad}:2: overhead_watts: Input should be a valid number" in err

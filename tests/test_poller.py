@@ -100,7 +100,9 @@ def test_a_partial_reading_serves_what_answered_and_reports_down():
 
 def test_last_success_survives_a_failure_and_readings_do_not():
     clock = iter([100.0, 200.0, 300.0])
-    runner = SourceRunner(Scripted([reading(), OSError("gone")]), 1.0, wall_clock=lambda: next(clock))
+    runner = SourceRunner(
+        Scripted([reading(), OSError("gone")]), 1.0, wall_clock=lambda: next(clock)
+    )
     runner.poll_once()
     state = runner.poll_once()
     assert state.last_success == 100.0
@@ -150,4 +152,5 @@ def test_a_source_failing_on_every_poll_for_1000_polls_keeps_memory_flat():
     assert after_rss - before_rss < 8 * 1024 * 1024, "the process grows per failure"
     assert broken.state.up is False
     assert 'llmgw_gpu_temperature_celsius{gpu="0",node="n1",uuid="GPU-1"} 41.0' in scrape(
-        broken, healthy)
+        broken, healthy
+    )
