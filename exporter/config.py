@@ -80,9 +80,9 @@ class AgentConfig(BaseModel):
     @field_validator("listen")
     @classmethod
     def _listen_parses(cls, listen: str) -> str:
-        _, _, port = listen.rpartition(":")
-        if not port.isdigit() or int(port) > 65535:
-            raise ValueError(f"{listen!r} is not HOST:PORT or :PORT")
+        _, colon, port = listen.rpartition(":")
+        if not colon or not port.isdigit() or int(port) > 65535:
+            raise ValueError(f"{listen!r} is not HOST:PORT or :PORT ([::]:PORT for IPv6)")
         return listen
 
     def source(self, name: str) -> SourceConfig:

@@ -49,6 +49,14 @@ def wait_settled(runners: list[SourceRunner], timeout: float) -> list[str]:
     return [runner.name for runner in runners if not runner.state.settled]
 
 
+def stop_all(stop: threading.Event, runners: list[SourceRunner]) -> None:
+    """Stop polling, let a poll in flight finish, then release what each source holds."""
+    stop.set()
+    for runner in runners:
+        runner.join(timeout=10)
+        runner.source.close()
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="llmgw-exporter", description=__doc__)
     parser.add_argument("--config", type=Path, help="agent.yaml (default: built-in defaults)")
@@ -102,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             log.warning("printing without a complete reading from: %s", ", ".join(missing))
         sys.stdout.write(generate_latest(registry).decode())
-        stop.set()
-        for runner in runners:
-            runner.source.close()
+        stop_all(stop, runners)
         return 0
 
     registry.register(ProcessCollector(registry=None))
@@ -122,8 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
         threading.Thread(target=server.shutdown, daemon=True).start()
 
+    def no_reload(signum: int, frame: FrameType | None) -> None:
+        log.warning("SIGHUP ignored: the exporter has no reload; restart it to apply agent.yaml")
+
     signal.signal(signal.SIGTERM, shutdown)
     signal.signal(signal.SIGINT, shutdown)
+    signal.signal(signal.SIGHUP, no_reload)
     log.info(
         "serving %s on http://%s:%d/metrics (sources: %s)",
         config.node,
@@ -132,9 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         ", ".join(runner.name for runner in runners) or "none",
     )
     server.serve_forever()
-    for runner in runners:
-        runner.join(timeout=5)
-        runner.source.close()
+    stop_all(stop, runners)
     return 0
 
 

@@ -102,7 +102,7 @@ _SPECS = [
     MetricSpec(
         "llmgw_node_cpu_energy_joules_total",
         "counter",
-        "CPU package energy from RAPL, counter wraps corrected.",
+        "CPU package energy from RAPL since the exporter started, wraps corrected.",
         ("package",),
     ),
     MetricSpec(
@@ -114,7 +114,7 @@ _SPECS = [
     MetricSpec(
         "llmgw_node_dram_energy_joules_total",
         "counter",
-        "DRAM energy from RAPL, counter wraps corrected.",
+        "DRAM energy from RAPL since the exporter started, wraps corrected.",
         ("package",),
     ),
     # the exporter itself

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import socket
 import time
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
@@ -19,6 +20,10 @@ Environ = dict[str, object]
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
+
+
+class _ThreadingServer6(_ThreadingServer):
+    address_family = socket.AF_INET6
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -49,7 +54,16 @@ def status_page(
         for name in disabled
     ]
     labels = config.labels
-    place = " / ".join(part for part in (labels.site, labels.room, labels.row, labels.rack) if part)
+    place = ", ".join(
+        f"{kind} {name}"
+        for kind, name in (
+            ("site", labels.site),
+            ("room", labels.room),
+            ("row", labels.row),
+            ("rack", labels.rack),
+        )
+        if name
+    )
     return (
         "<!doctype html><html><head><meta charset='utf-8'>"
         f"<title>llmgw exporter: {html.escape(config.node)}</title></head><body>"
@@ -87,4 +101,5 @@ def make_app(
 
 def serve(host: str, port: int, app: Callable[..., Iterable[bytes]]) -> WSGIServer:
     """Bind now (so a busy port fails at start); the caller runs serve_forever()."""
-    return make_server(host, port, app, server_class=_ThreadingServer, handler_class=_QuietHandler)
+    server_class = _ThreadingServer6 if ":" in host else _ThreadingServer
+    return make_server(host, port, app, server_class=server_class, handler_class=_QuietHandler)

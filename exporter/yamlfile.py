@@ -88,15 +88,16 @@ def load_model(path: Path, model: type[Model]) -> Model:
         reason = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(path, [f"{line}: not valid YAML: {reason}"]) from exc
     lines: dict[Location, int] = {}
-    problems: list[str] = []
-    data = {} if root is None else _to_python(root, (), lines, problems)
-    if problems:
-        raise ConfigError(path, problems)
+    duplicates: list[str] = []
+    data = {} if root is None else _to_python(root, (), lines, duplicates)
+    if duplicates:
+        raise ConfigError(path, duplicates)
+    problems: list[tuple[int, str]] = []
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         for error in exc.errors(include_url=False):
             loc = tuple(error["loc"])
             field = ".".join(str(part) for part in loc) or "(top level)"
-            problems.append(f"{_line_of(loc, lines)}: {field}: {error['msg']}")
-        raise ConfigError(path, problems) from exc
+            problems.append((_line_of(loc, lines), f"{field}: {error['msg']}"))
+        raise ConfigError(path, [f"{line}: {text}" for line, text in sorted(problems)]) from exc

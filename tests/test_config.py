@@ -123,3 +123,25 @@ def test_check_config_passes_a_good_file_and_names_every_problem_of_a_bad_one(tm
     err = capsys.readouterr().err
     assert f"{bad}:1: labels.llmgw.io/pud: Extra inputs are not permitted" in err
     assert f"{bad}:2: overhead_watts: Input should be a valid number" in err
+
+
+@pytest.mark.parametrize(
+    ("listen", "address"),
+    [
+        (":9850", ("0.0.0.0", 9850)),
+        ("127.0.0.1:0", ("127.0.0.1", 0)),
+        ("[::1]:9850", ("::1", 9850)),
+    ],
+)
+def test_listen_addresses(tmp_path, listen, address):
+    assert agent_config.load(write(tmp_path, f"listen: '{listen}'\n")).listen_address == address
+
+
+def test_a_listen_without_a_port_separator_is_refused(tmp_path):
+    assert "is not HOST:PORT" in refusal(tmp_path, "listen: '9850'\n")
+
+
+def test_an_interval_too_short_to_mean_anything_is_refused(tmp_path):
+    assert ":2: sources.gpu.interval: Value error, 0.001s is shorter than 0.1s" in refusal(
+        tmp_path, "sources:\n  gpu: {interval: 1ms}\n"
+    )

@@ -11,6 +11,9 @@ from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 from exporter.samples import Sample
 from exporter.yamlfile import Duration
 
+#: NVML refreshes power every 20-100 ms, hwmon chips every second or slower.
+MIN_INTERVAL_SECONDS = 0.1
+
 
 class SourceConfig(BaseModel):
     """A source's section of agent.yaml (`sources.<name>`); a source may add keys."""
@@ -26,6 +29,11 @@ class SourceConfig(BaseModel):
     @field_validator("interval")
     @classmethod
     def _not_too_long(cls, interval: float | None, info: ValidationInfo) -> float | None:
+        if interval is not None and interval < MIN_INTERVAL_SECONDS:
+            raise ValueError(
+                f"{interval:g}s is shorter than {MIN_INTERVAL_SECONDS:g}s: sensors"
+                " do not change that fast, and polling would only burn CPU"
+            )
         if interval is not None and cls.max_interval is not None and interval > cls.max_interval:
             raise ValueError(
                 f"{interval:g}s is longer than {cls.max_interval:g}s,"

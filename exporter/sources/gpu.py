@@ -173,14 +173,15 @@ class GpuSource(Source):
                 nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
             ),
         )
-        for metric, call, scale in (
-            ("llmgw_gpu_power_watts", nvml.nvmlDeviceGetPowerUsage, 1e-3),
-            ("llmgw_gpu_power_limit_watts", nvml.nvmlDeviceGetEnforcedPowerLimit, 1e-3),
-            ("llmgw_gpu_energy_joules_total", nvml.nvmlDeviceGetTotalEnergyConsumption, 1e-3),
+        # NVML answers in milliwatts and millijoules.
+        for metric, call in (
+            ("llmgw_gpu_power_watts", nvml.nvmlDeviceGetPowerUsage),
+            ("llmgw_gpu_power_limit_watts", nvml.nvmlDeviceGetEnforcedPowerLimit),
+            ("llmgw_gpu_energy_joules_total", nvml.nvmlDeviceGetTotalEnergyConsumption),
         ):
             value = self._optional(call, handle)
             if value is not None:
-                samples.append(Sample(metric, value * scale, labels))
+                samples.append(Sample(metric, value / 1000, labels))
         samples += self._throttle_reasons(handle, labels)
         return samples
 

@@ -19,11 +19,17 @@ Missing-data policy (STYLE.md §3):
   it (or with an impossible delta) that interval is dropped: no power, the
   counter holds still, the next interval starts from the new reading.
 
+The energy counters count from 0 when the exporter starts, wraps corrected; a
+restart is a counter reset, which `rate()` and `increase()` handle. (Starting
+from the raw `energy_uj` would not survive a restart: once the exporter has
+corrected a wrap, the raw value after a restart is lower by whole ranges, and
+Prometheus would count that whole raw value, up to 262 kJ, as new energy.)
+
 Lines emitted (power from the second reading of a zone on):
 
-    llmgw_node_cpu_energy_joules_total{package="0"} 240422.366267
+    llmgw_node_cpu_energy_joules_total{package="0"} 22400.0
     llmgw_node_cpu_power_watts{package="0"} 350.0
-    llmgw_node_dram_energy_joules_total{package="0"} 24468.409791
+    llmgw_node_dram_energy_joules_total{package="0"} 800.0
     llmgw_node_dram_power_watts{package="0"} 41.5
 """
 
@@ -76,7 +82,7 @@ class _Zone:
 class _Counter:
     raw_uj: int  # the zone's last raw reading
     time: float  # monotonic time of that reading
-    total_uj: int  # the published, wrap-corrected counter
+    total_uj: int  # the published counter: wrap-corrected µJ since the exporter started
 
 
 def energy_delta_uj(previous: int, current: int, max_range_uj: int | None) -> int | None:
@@ -163,7 +169,7 @@ class RaplSource(Source):
     ) -> tuple[_Counter, float | None]:
         """The zone's new counter, and its power over the interval where known."""
         if previous is None:
-            return _Counter(raw_uj, now, raw_uj), None
+            return _Counter(raw_uj, now, 0), None
         if now <= previous.time:
             return previous, None
         delta = energy_delta_uj(previous.raw_uj, raw_uj, _read_max_range(path))
