@@ -42,7 +42,7 @@ tests/fake_nvml/libnvidia-ml.so.1: tests/fake_nvml/fake_nvml.c
 	gcc -shared -fPIC -O2 -Wall -Wextra -Werror -o $@.tmp $< && mv $@.tmp $@
 
 bench: $(STAMP)
-	scripts/debian-packages.sh prometheus-node-exporter=prometheus-node-exporter gcc=gcc
+	scripts/debian-packages.sh prometheus-node-exporter=prometheus-node-exporter promtool=prometheus gcc=gcc
 	$(BIN)/python benchmarks/exporter_scrape.py
 
 clean:
