@@ -56,10 +56,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.ttar import extract  # noqa: E402 - the repository root is on sys.path only now
+from tests.shared_fixtures import SHARED_FIXTURES as FIXTURES  # noqa: E402 - root on sys.path now
+from tests.ttar import extract  # noqa: E402
 
-_SHARED = REPO.parent / "shared"
-FIXTURES = (_SHARED if _SHARED.is_dir() else Path("/work/shared")) / "fixtures"
 SYS_TTAR = FIXTURES / "node_exporter" / "sys.ttar"
 RESULTS = REPO / "benchmarks" / "results" / "exporter_scrape.json"
 

@@ -25,9 +25,10 @@ import pytest
 import requests
 
 from tests.fake_nvml.build import ensure_built
+from tests.shared_fixtures import SHARED_FIXTURES
 from tests.ttar import extract
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+SHARED = SHARED_FIXTURES
 HERE = Path(__file__).parent
 GOLDEN = HERE / "golden" / "exporter-e2e.txt"
 # Values that change from run to run; the golden file keeps the series, not these values.

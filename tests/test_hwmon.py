@@ -24,9 +24,10 @@ from exporter.sources.hwmon import (
     HwmonSource,
     chip_names,
 )
+from tests.shared_fixtures import SHARED_FIXTURES
 from tests.ttar import extract
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+SHARED = SHARED_FIXTURES
 NODE_EXPORTER = SHARED / "node_exporter"
 KEPLER_SYS = SHARED / "kepler" / "sys"
 CEEMS_TTAR = SHARED / "ceems" / "bsd3" / "sys.ttar"

@@ -15,11 +15,8 @@ from hypothesis import strategies as st
 
 from exporter.samples import NoData, PartialReading, Sample
 from exporter.sources.rapl import RaplConfig, RaplPermissionError, RaplSource
+from tests.shared_fixtures import SHARED_FIXTURES as FIXTURES
 from tests.ttar import extract
-
-FIXTURES = Path("/work/shared/fixtures")
-if not FIXTURES.is_dir():  # a checkout beside shared/
-    FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 
 CPU_J = "llmgw_node_cpu_energy_joules_total"
 CPU_W = "llmgw_node_cpu_power_watts"
