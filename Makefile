@@ -13,6 +13,7 @@ run: $(STAMP)
 test: lint pytest rules
 
 $(STAMP): pyproject.toml
+	PYTHON=$(PYTHON) scripts/debian-packages.sh py:ensurepip=python3-venv
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'

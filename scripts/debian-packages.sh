@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Install the Debian packages the project runs for real, only those missing.
-# Usage: scripts/debian-packages.sh COMMAND=PACKAGE ...   (e.g. promtool=prometheus)
-# Running it twice is harmless: a command already on PATH installs nothing.
+# Usage: scripts/debian-packages.sh CHECK=PACKAGE ...
+#   CHECK is a command that must be on PATH (promtool=prometheus), or py:MODULE,
+#   a module python3 must import (py:ensurepip=python3-venv).
+# Running it twice is harmless: what is already there installs nothing.
 set -euo pipefail
 
 missing=()
 for pair in "$@"; do
-  command="${pair%%=*}" package="${pair#*=}"
-  command -v "$command" >/dev/null 2>&1 || missing+=("$package")
+  check="${pair%%=*}" package="${pair#*=}"
+  case "$check" in
+    py:*) "${PYTHON:-python3}" -c "import ${check#py:}" >/dev/null 2>&1 || missing+=("$package") ;;
+    *) command -v "$check" >/dev/null 2>&1 || missing+=("$package") ;;
+  esac
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
 
