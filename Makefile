@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-* && touch $@
 
 debian-packages:
-	scripts/debian-packages.sh promtool=prometheus gcc=gcc
+	scripts/debian-packages.sh promtool=prometheus prometheus-alertmanager=prometheus-alertmanager vmalert=victoria-metrics gcc=gcc
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
