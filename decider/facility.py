@@ -1,0 +1,466 @@
+"""The facility file (`facility.yaml`): domains with budgets and thresholds (DESIGN.md §5, §6).
+
+```yaml
+defaults:
+  margin: 0.10            # refuse past cap * (1 - margin)
+  derating: 0.80          # a feed carries at most rating * derating
+  thresholds: {inlet_warm_c: 27, inlet_hot_c: 32}
+domains:
+  rack/r12-07:
+    feeds: [{pdu: r12-07-a, rating_watts: 17300}, {pdu: r12-07-b, rating_watts: 17300}]
+    other_watts: 900      # switches, storage: draw that no node reports
+  pdu/r12-07-a: {cap_watts: 13840}
+  row/12: {cap_watts: 120000, thresholds: {inlet_warm_c: 26}}
+profiles:
+  llama-70b-tp4: {gpus: 4, power_watts: 2900}
+node_share_watts: 350
+cpu_watts_per_core: {default: 6}
+mode: observe             # observe | enforce
+shedding: {enabled: false, hot_for: 10m, interval: 5m}
+signals:
+  inlet_temp_c: {query: 'max by (rack) (dcim_rack_inlet_temperature_celsius)', domain_label: rack}
+```
+
+Everything the facility team decides (budgets, derating, thresholds: DESIGN.md §9)
+comes from this file and nothing else; docs/facility.md explains every key to
+them. The rules for what the file means live here as methods, so the decider
+and `llmgw-facility rules render` cannot disagree:
+
+- a domain's cap (`Domain.cap`, `Facility.cap_watts`): see `Domain.cap`;
+- the thresholds in force for a domain (`Facility.thresholds`): the domain's
+  own, else `defaults.thresholds`, else the built-in defaults of docs/rules.md;
+- a domain is named `kind/name` (docs/rules.md's naming rule): the name is the
+  label value exactly as the nodes declare it in agent.yaml.
+
+A bad file is refused whole, every problem at once with its file and line
+(`exporter.yamlfile.load_model`). This module reads the file and nothing else.
+"""
+
+from __future__ import annotations
+
+import re
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Annotated, Any, Literal, NamedTuple, cast, get_args
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from decider import promql
+from exporter.yamlfile import Duration, load_model
+
+Kind = Literal["site", "room", "row", "rack", "pdu"]
+KINDS: tuple[Kind, ...] = get_args(Kind)
+Mode = Literal["observe", "enforce"]
+
+#: Built-in thresholds (docs/rules.md): what the committed rules use for a domain without an
+#: override, and what this file falls back to when it sets none.
+BUILTIN_THRESHOLDS: dict[str, float] = {
+    "inlet_warm_c": 27.0,  # ASHRAE A1 recommended upper limit
+    "inlet_hot_c": 32.0,  # ASHRAE A1 allowable upper limit
+    "throttled_hot_ratio": 0.25,
+    "gpu_slowdown_margin_c": 5.0,
+}
+#: The file's threshold keys and the `threshold` label values of the rules' series.
+THRESHOLD_LABELS: dict[str, str] = {
+    "inlet_warm_c": "inlet_warm_celsius",
+    "inlet_hot_c": "inlet_hot_celsius",
+    "throttled_hot_ratio": "throttled_hot_ratio",
+    "gpu_slowdown_margin_c": "gpu_slowdown_margin_celsius",
+}
+#: Above this an inlet threshold is most likely written in °F.
+MAX_INLET_C = 60.0
+
+_LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _name_from_yaml(value: Any) -> Any:
+    # YAML reads `pdu: 12` as an int; a name is text either way (as in agent.yaml).
+    return str(value) if type(value) in (int, float) else value
+
+
+def check_name(name: str, kind: str | None = None) -> str:
+    """A domain or feed name: a label value as agent.yaml writes it, usable in `kind/name`."""
+    if not name:
+        raise ValueError("the name is empty")
+    if name != name.strip():
+        raise ValueError(f"{name!r} starts or ends with a space")
+    if "/" in name:
+        raise ValueError(f"{name!r} contains '/', which separates kind from name")
+    if any(ord(char) < 32 or ord(char) == 127 for char in name):
+        raise ValueError(f"{name!r} contains a control character")
+    if kind == "pdu" and "," in name:
+        raise ValueError(f"{name!r} contains ',', which separates feeds in llmgw.io/pdu")
+    return name
+
+
+class DomainRef(NamedTuple):
+    """A domain's identity: `rack/r12-07` is DomainRef("rack", "r12-07")."""
+
+    kind: Kind
+    name: str
+
+    @classmethod
+    def parse(cls, key: str) -> DomainRef:
+        """`kind/name`, kind one of KINDS; raises ValueError saying what is wrong."""
+        kind, slash, name = key.partition("/")
+        if not slash or kind not in KINDS:
+            raise ValueError(f"{key!r} is not kind/name with kind one of {', '.join(KINDS)}")
+        return cls(cast(Kind, kind), check_name(name, kind))
+
+    def __str__(self) -> str:
+        return f"{self.kind}/{self.name}"
+
+
+def _check_domain_key(key: str) -> str:
+    DomainRef.parse(key)
+    return key
+
+
+def _check_label_name(label: str) -> str:
+    if not _LABEL_NAME.match(label):
+        raise ValueError(f"{label!r} is not a Prometheus label name")
+    return label
+
+
+def _check_query(query: str) -> str:
+    promql.check(query)
+    return query
+
+
+Name = Annotated[str, BeforeValidator(_name_from_yaml), AfterValidator(check_name)]
+#: `kind/name`, e.g. `rack/r12-07`, `row/hall-b.12`.
+DomainKey = Annotated[str, AfterValidator(_check_domain_key)]
+LabelName = Annotated[str, AfterValidator(_check_label_name)]
+Query = Annotated[str, AfterValidator(_check_query)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Thresholds(_Model):
+    """Thresholds as written; a key left out is None and falls back (see `Facility.thresholds`)."""
+
+    inlet_warm_c: float | None = None
+    inlet_hot_c: float | None = None
+    throttled_hot_ratio: float | None = Field(None, gt=0, le=1)
+    gpu_slowdown_margin_c: float | None = Field(None, ge=0, le=50)
+
+    @field_validator("inlet_warm_c", "inlet_hot_c")
+    @classmethod
+    def _celsius(cls, value: float | None) -> float | None:
+        if value is not None and not 0 < value <= MAX_INLET_C:
+            hint = " (°F? thresholds are °C)" if value > MAX_INLET_C else ""
+            raise ValueError(f"{value:g} °C is not an inlet temperature{hint}")
+        return value
+
+    def written(self) -> dict[str, float]:
+        """The thresholds this section sets, by file key."""
+        return {key: value for key, value in self.model_dump().items() if value is not None}
+
+
+class ResolvedThresholds(_Model):
+    """The thresholds in force for one domain, every one of them known."""
+
+    inlet_warm_c: float
+    inlet_hot_c: float
+    throttled_hot_ratio: float
+    gpu_slowdown_margin_c: float
+
+    def by_label(self) -> dict[str, float]:
+        """By the rules' `threshold` label value (`inlet_warm_celsius`, …)."""
+        return {THRESHOLD_LABELS[key]: value for key, value in self.model_dump().items()}
+
+
+def _error(loc: tuple[str, ...], message: str, value: Any) -> InitErrorDetails:
+    return InitErrorDetails(
+        type=PydanticCustomError("facility", message),  # no braces: nothing to format
+        loc=loc,
+        input=value,
+    )
+
+
+def _order_problem(*layers: tuple[str, dict[str, float]]) -> str | None:
+    """Warm must be below hot once every layer (lowest first, `(where, thresholds)`) applies."""
+    found: dict[str, tuple[float, str]] = {}
+    for where, thresholds in layers:
+        found |= {key: (value, where) for key, value in thresholds.items()}
+    (warm, warm_from), (hot, hot_from) = found["inlet_warm_c"], found["inlet_hot_c"]
+    if warm < hot:
+        return None
+    return f"inlet_warm_c {warm:g}{warm_from} must be below inlet_hot_c {hot:g}{hot_from}"
+
+
+_BUILTIN = (" (built-in)", BUILTIN_THRESHOLDS)
+
+
+class Defaults(_Model):
+    """Site-wide figures: `margin` and `derating` apply to every domain, `thresholds` to every
+    domain that does not set its own."""
+
+    margin: float = Field(0.10, ge=0, lt=1)
+    derating: float = Field(0.80, gt=0, le=1)
+    thresholds: Thresholds = Thresholds()
+
+    @field_validator("thresholds")
+    @classmethod
+    def _warm_below_hot(cls, thresholds: Thresholds) -> Thresholds:
+        problem = _order_problem(_BUILTIN, ("", thresholds.written()))
+        if problem:
+            raise ValueError(problem)
+        return thresholds
+
+
+#: The defaults of the file being validated, for its domains' checks (see Facility).
+_DEFAULTS: ContextVar[Defaults | None] = ContextVar("facility_defaults", default=None)
+
+
+class Feed(_Model):
+    pdu: Annotated[str, BeforeValidator(_name_from_yaml)]
+    rating_watts: float = Field(gt=0)
+
+    @field_validator("pdu")
+    @classmethod
+    def _pdu_name(cls, pdu: str) -> str:
+        return check_name(pdu, "pdu")
+
+
+class Domain(_Model):
+    """One declared domain: its budget, what no node reports, and its own thresholds.
+
+    Inside a Facility it is also checked against the file's defaults: its warm threshold
+    below its hot one, and `other_watts` below its cap.
+    """
+
+    cap_watts: float | None = Field(None, gt=0)
+    feeds: tuple[Feed, ...] = ()
+    other_watts: float = Field(0.0, ge=0)
+    thresholds: Thresholds = Thresholds()
+
+    @field_validator("feeds")
+    @classmethod
+    def _one_entry_per_feed(cls, feeds: tuple[Feed, ...]) -> tuple[Feed, ...]:
+        names = [feed.pdu for feed in feeds]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"feed {', '.join(repeated)} is listed more than once")
+        return feeds
+
+    def feed_cap_watts(self, derating: float) -> float | None:
+        """What the feeds can carry: the smallest rating * derating; None without feeds."""
+        if not self.feeds:
+            return None
+        return min(feed.rating_watts for feed in self.feeds) * derating
+
+    def cap(self, derating: float) -> float | None:
+        """The domain's cap in watts, or None: a domain with no budget.
+
+        - `feeds` alone: the smallest feed's rating * derating, never the sum. A dual-fed
+          rack must survive the loss of either feed, and then one feed carries it all.
+        - `cap_watts` alone: as given, already derated (the facility team's figure).
+        - both: the smaller of the two. `cap_watts` may hold a domain below what its feeds
+          carry (cooling, a contract), never above: the feeds are the physical limit.
+        """
+        caps = [cap for cap in (self.cap_watts, self.feed_cap_watts(derating)) if cap is not None]
+        return min(caps) if caps else None
+
+    @model_validator(mode="after")
+    def _consistent_with_defaults(self) -> Domain:
+        defaults = _DEFAULTS.get()
+        if defaults is None:  # validated on its own, or the defaults are refused
+            return self
+        problems: list[InitErrorDetails] = []
+        written = self.thresholds.written()
+        if written.keys() & {"inlet_warm_c", "inlet_hot_c"}:
+            problem = _order_problem(
+                _BUILTIN, (" (from defaults)", defaults.thresholds.written()), ("", written)
+            )
+            if problem:
+                problems.append(_error(("thresholds",), problem, written))
+        cap = self.cap(defaults.derating)
+        if cap is not None and self.other_watts >= cap:
+            problems.append(
+                _error(
+                    ("other_watts",),
+                    f"other_watts {self.other_watts:g} leaves no room under the cap of {cap:g} W",
+                    self.other_watts,
+                )
+            )
+        if problems:
+            raise ValidationError.from_exception_data(type(self).__name__, problems)
+        return self
+
+
+class Profile(_Model):
+    """A replica's shape; `power_watts`, when given, is its draw (the operator's figure wins)."""
+
+    gpus: int = Field(ge=0)
+    power_watts: float | None = Field(None, gt=0)
+    cpu_cores: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _estimable(self) -> Profile:
+        if self.gpus == 0 and self.power_watts is None and self.cpu_cores is None:
+            raise ValueError("a profile with no GPUs needs cpu_cores or power_watts")
+        return self
+
+
+class CpuWattsPerCore(_Model):
+    """Watts per CPU core for CPU profiles. Only `default` today; a bare number means it."""
+
+    default: float = Field(6.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_number(cls, data: Any) -> Any:
+        if type(data) in (int, float):
+            return {"default": data}
+        return data
+
+
+class Shedding(_Model):
+    """Opt-in plans to move load off a domain `hot` for longer than `hot_for`, at most one
+    replica per domain per `interval` (DESIGN.md §5)."""
+
+    enabled: bool = False
+    hot_for: Duration = 600.0
+    interval: Duration = 300.0
+
+
+class Signal(_Model):
+    """A site reading mapped onto domains (DESIGN.md §6); rendered into recording rules.
+
+    `kind` defaults to `domain_label` when that is a kind (`domain_label: rack` → racks).
+    `stale_after`: a reading older than this is dropped; None keeps Prometheus' own
+    staleness (a series ends on a failed scrape or after the 5-minute lookback).
+    """
+
+    query: Query
+    domain_label: LabelName
+    kind: Kind
+    stale_after: Duration | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_from_label(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "kind" not in data:
+            label = data.get("domain_label")
+            if label in KINDS:
+                return {**data, "kind": label}
+            if isinstance(label, str) and _LABEL_NAME.match(label):
+                raise ValueError(
+                    f"kind is required: domain_label {label!r} is not one of {', '.join(KINDS)}"
+                )
+            # domain_label itself is refused below; a stand-in kind keeps that the one reason
+            return {**data, "kind": KINDS[0]}
+        return data
+
+    @field_validator("stale_after")
+    @classmethod
+    def _at_least_a_second(cls, seconds: float | None) -> float | None:
+        if seconds is not None and seconds < 1:
+            raise ValueError(f"{seconds:g}s is shorter than any scrape interval; at least 1s")
+        return seconds
+
+    def bounded_query(self) -> str:
+        """The query as the rules run it: every instant selector limited to `stale_after`."""
+        if self.stale_after is None:
+            return self.query
+        return promql.bound_age(self.query, self.stale_after)
+
+
+class Signals(_Model):
+    """The site's own readings; each one configured becomes one recording rule."""
+
+    inlet_temp_c: Signal | None = None  # °C: the hottest reading per domain
+    power_watts: Signal | None = None  # W: summed per domain
+    cooling_alarm: Signal | None = None  # above 0 while a cooling unit is in alarm
+
+    def configured(self) -> dict[str, Signal]:
+        """The signals the file sets, by key, in the order above."""
+        return {
+            name: signal
+            for name in type(self).model_fields
+            if (signal := getattr(self, name)) is not None
+        }
+
+
+class Facility(_Model):
+    """The whole facility file. Domains keep the file's order."""
+
+    defaults: Defaults = Defaults()
+    domains: dict[DomainKey, Domain] = {}
+    profiles: dict[Annotated[str, Field(min_length=1)], Profile] = {}
+    node_share_watts: float = Field(350.0, ge=0)
+    cpu_watts_per_core: CpuWattsPerCore = CpuWattsPerCore()
+    mode: Mode = "observe"
+    shedding: Shedding = Shedding()
+    signals: Signals = Signals()
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _defaults_first(cls, data: Any, handler: ModelWrapValidatorHandler[Facility]) -> Facility:
+        # Each domain is checked against the defaults (derating, thresholds) as it is
+        # validated, so its problems are reported with every other one, at their lines.
+        defaults: Defaults | None = None
+        raw = data.get("defaults", {}) if isinstance(data, dict) else None
+        if isinstance(raw, dict):
+            try:  # a bad margin does not matter to the domains' checks
+                defaults = Defaults.model_validate({k: v for k, v in raw.items() if k != "margin"})
+            except ValidationError:
+                defaults = None  # the handler reports these, at their lines
+        token = _DEFAULTS.set(defaults)
+        try:
+            return handler(data)
+        finally:
+            _DEFAULTS.reset(token)
+
+    # --- what the file means ------------------------------------------------------------------
+
+    def declared(self) -> list[tuple[DomainRef, Domain]]:
+        """Every declared domain, in the file's order."""
+        return [(DomainRef.parse(key), domain) for key, domain in self.domains.items()]
+
+    def domain(self, kind: str, name: str) -> Domain | None:
+        """The declared domain, or None: a domain the nodes name but the file does not."""
+        return self.domains.get(f"{kind}/{name}")
+
+    def cap_watts(self, kind: str, name: str) -> float | None:
+        """The domain's cap (`Domain.cap` with `defaults.derating`); None: no budget."""
+        domain = self.domain(kind, name)
+        return None if domain is None else domain.cap(self.defaults.derating)
+
+    def placement_limit_watts(self, kind: str, name: str) -> float | None:
+        """Past this load a placement is refused: cap * (1 - margin); None: no budget."""
+        cap = self.cap_watts(kind, name)
+        return None if cap is None else cap * (1 - self.defaults.margin)
+
+    def written_thresholds(self, kind: str, name: str) -> dict[str, float]:
+        """The thresholds the file sets for the domain: its own, else `defaults.thresholds`.
+
+        Thresholds the file sets nowhere are absent: the rules' built-in defaults apply.
+        """
+        domain = self.domain(kind, name)
+        own = domain.thresholds.written() if domain is not None else {}
+        return self.defaults.thresholds.written() | own
+
+    def thresholds(self, kind: str, name: str) -> ResolvedThresholds:
+        """The thresholds in force: the domain's own, else defaults, else the built-ins."""
+        return ResolvedThresholds(**(BUILTIN_THRESHOLDS | self.written_thresholds(kind, name)))
+
+
+def load(path: Path) -> Facility:
+    """Read and validate facility.yaml. Raises exporter.yamlfile.ConfigError listing every
+    problem as `path:line: field: reason`."""
+    return load_model(path, Facility)

@@ -1,0 +1,239 @@
+"""Render the site's recording rules from the facility file (DESIGN.md §6, docs/rules.md).
+
+One rule group, `llmgw-site.rules`, evaluated every 30 s like the conditions it feeds:
+
+- each configured signal, one rule into its contract series, per domain:
+
+  | signal | series | per domain |
+  |---|---|---|
+  | `inlet_temp_c` | `llmgw:domain_site_inlet_temperature_celsius` | `max`: the hottest reading |
+  | `power_watts` | `llmgw:domain_site_power_watts` | `sum`: every meter of the domain |
+  | `cooling_alarm` | `llmgw:domain_cooling_alarm` | 1 while any reading is above 0, else 0 |
+
+  The query's `domain_label` becomes `domain` (`label_replace`), `kind` is set by the rule's
+  `labels:`, and a series whose `domain_label` is empty or missing is dropped. With
+  `stale_after`, every instant selector of the query reads only samples that recent
+  (`decider.promql.bound_age`); without it, Prometheus' own staleness applies.
+- `llmgw:domain_declared:info` = 1 for every declared domain;
+- `llmgw:domain_threshold_override:value{threshold}` for every threshold the file sets for a
+  declared domain: its own, else `defaults.thresholds` (`Facility.written_thresholds`).
+  A threshold the file sets nowhere is left to the rules' built-in default.
+
+The Jinja2 template (`templates/llmgw-site.rules.yml.j2`) lays the rules out; the
+rendered text is read back and must be exactly these rules, so no value can escape
+its place in the YAML.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jinja2
+import yaml
+
+from decider import promql
+from decider.facility import THRESHOLD_LABELS, Facility, Signal
+
+GROUP = "llmgw-site.rules"
+INTERVAL = "30s"
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+TEMPLATE = "llmgw-site.rules.yml.j2"
+
+
+@dataclass(frozen=True)
+class SignalSeries:
+    """How a signal becomes its contract series."""
+
+    record: str
+    aggregation: str  # max | sum
+    alarm: bool = False  # 0/1: above 0 is an alarm
+
+
+SIGNAL_SERIES: dict[str, SignalSeries] = {
+    "inlet_temp_c": SignalSeries("llmgw:domain_site_inlet_temperature_celsius", "max"),
+    "power_watts": SignalSeries("llmgw:domain_site_power_watts", "sum"),
+    "cooling_alarm": SignalSeries("llmgw:domain_cooling_alarm", "max", alarm=True),
+}
+DECLARED = "llmgw:domain_declared:info"
+OVERRIDE = "llmgw:domain_threshold_override:value"
+
+
+class RenderError(Exception):
+    """The rendered text does not read back as the rules it should hold (a bug, not a file)."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One recording rule as it will be written."""
+
+    record: str
+    expr: str
+    labels: dict[str, str]
+    comment: list[str] = field(default_factory=list)
+    heading: str = ""  # starts a section of the file
+
+    def as_yaml(self) -> dict[str, object]:
+        return {"record": self.record, "expr": self.expr, "labels": self.labels}
+
+
+def number(value: float) -> str:
+    """A PromQL number literal that reads back as exactly `value`: 26, 0.25, 1e+20."""
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
+
+
+def _tidy(query: str, indent: str) -> str:
+    """The query without comments, trailing spaces or blank lines, lines after the first
+    indented by `indent`; a raw string over several lines is kept exactly as it is."""
+    found = promql.tokens(query)
+    text = "".join(token.text for token in found if token.kind != "comment")
+    if any(token.kind == "string" and "\n" in token.text for token in found):
+        return text.strip()
+    lines = [line.rstrip() for line in textwrap.dedent(text).strip().splitlines()]
+    return textwrap.indent("\n".join(line for line in lines if line), indent).lstrip()
+
+
+def signal_expr(signal: Signal, series: SignalSeries) -> str:
+    """The PromQL of one signal's rule (see the module docstring)."""
+    query = _tidy(signal.bounded_query(), "    ")
+    compare = " > bool 0" if series.alarm else ""
+    return (
+        f"{series.aggregation} by (domain) (\n"
+        f"  label_replace(\n"
+        f"    {query},\n"
+        f'    "domain", "$1", {json.dumps(signal.domain_label)}, "(.*)"\n'
+        f"  )\n"
+        f"){compare}\n"
+        f"unless on (domain) vector(1)"
+    )
+
+
+def _signal_comment(name: str, signal: Signal) -> list[str]:
+    lines = [f"signals.{name}: per {signal.kind}, from label {signal.domain_label!r}:"]
+    lines += [f"  {line}" for line in signal.query.strip().splitlines()]
+    if signal.stale_after is None:
+        lines.append("no stale_after: Prometheus' staleness (a scrape failure, 5m lookback)")
+    else:
+        window = promql.format_duration(signal.stale_after)
+        lines.append(f"stale_after {window}: readings older than {window} are dropped")
+    return lines
+
+
+def site_rules(facility: Facility) -> list[Rule]:
+    """Every rule of the group, in order: signals, declared domains, threshold overrides."""
+    rules: list[Rule] = []
+    for position, (name, signal) in enumerate(facility.signals.configured().items()):
+        series = SIGNAL_SERIES[name]
+        rules.append(
+            Rule(
+                record=series.record,
+                expr=signal_expr(signal, series),
+                labels={"kind": signal.kind},
+                comment=_signal_comment(name, signal),
+                heading="site signals (signals:)" if position == 0 else "",
+            )
+        )
+    declared = facility.declared()
+    for position, (ref, _) in enumerate(declared):
+        rules.append(
+            Rule(
+                record=DECLARED,
+                expr="vector(1)",
+                labels={"kind": ref.kind, "domain": ref.name},
+                heading="declared domains (domains:)" if position == 0 else "",
+            )
+        )
+    first = True
+    for ref, _ in declared:
+        for key, value in facility.written_thresholds(ref.kind, ref.name).items():
+            rules.append(
+                Rule(
+                    record=OVERRIDE,
+                    expr=f"vector({number(value)})",
+                    labels={
+                        "kind": ref.kind,
+                        "domain": ref.name,
+                        "threshold": THRESHOLD_LABELS[key],
+                    },
+                    heading="thresholds set by the facility file (own, else defaults)"
+                    if first
+                    else "",
+                )
+            )
+            first = False
+    return rules
+
+
+_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_:.()/-]*")
+#: Words YAML 1.1 reads as booleans or null: written plain they would not be strings.
+_YAML_WORDS = frozenset({"y", "n", "yes", "no", "on", "off", "true", "false", "null"})
+
+
+def _quote(value: str) -> str:
+    """A YAML double-quoted scalar (JSON's escapes are YAML's)."""
+    return json.dumps(value)
+
+
+def _scalar(value: str) -> str:
+    """`value` plain where YAML reads it back as that string (`rack`, `vector(26)`), else quoted."""
+    if _PLAIN.fullmatch(value) and value.lower() not in _YAML_WORDS:
+        return value
+    return _quote(value)
+
+
+def _literal_safe(text: str) -> bool:
+    return all(
+        char == "\n" or (char.isprintable() and char not in "\x85\u2028\u2029\ufeff")
+        for char in text
+    ) and not any(line != line.rstrip() or not line for line in text.split("\n"))
+
+
+def _yaml_block(text: str, indent: int) -> str:
+    """`|-` and the lines, indented, where YAML keeps them exactly; else a quoted scalar."""
+    if "\n" not in text or not _literal_safe(text):
+        return _scalar(text)
+    pad = " " * indent
+    return "|-\n" + "\n".join(pad + line for line in text.split("\n"))
+
+
+def _environment() -> jinja2.Environment:
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    environment.filters["scalar"] = _scalar
+    environment.filters["yaml_block"] = _yaml_block
+    return environment
+
+
+def render(facility: Facility, source: str = "facility.yaml") -> str:
+    """The rule file's text. `source` names the facility file in the header comment."""
+    rules = site_rules(facility)
+    text = (
+        _environment()
+        .get_template(TEMPLATE)
+        .render(
+            group=GROUP,
+            interval=INTERVAL,
+            rules=rules,
+            source=str(source).splitlines() or [""],
+        )
+    )
+    expected = {
+        "groups": [{"name": GROUP, "interval": INTERVAL, "rules": [r.as_yaml() for r in rules]}]
+    }
+    try:
+        read_back = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RenderError(f"the rendered rules are not YAML: {exc}") from exc
+    if read_back != expected:
+        raise RenderError("the rendered rules do not read back as the rules rendered")
+    return text
