@@ -15,9 +15,10 @@ One rule group, `llmgw-site.rules`, evaluated every 30 s like the conditions it 
   `stale_after`, every instant selector of the query reads only samples that recent
   (`decider.promql.bound_age`); without it, Prometheus' own staleness applies.
 - `llmgw:domain_declared:info` = 1 for every declared domain;
-- `llmgw:domain_threshold_override:value{threshold}` for every threshold the file sets for a
-  declared domain: its own, else `defaults.thresholds` (`Facility.written_thresholds`).
-  A threshold the file sets nowhere is left to the rules' built-in default.
+- `llmgw:threshold_default:value{threshold}` for every threshold of `defaults.thresholds`:
+  the site-wide value, which every domain without its own takes, declared or not;
+- `llmgw:domain_threshold_override:value{threshold}` for every threshold a declared domain
+  sets itself. A threshold the file sets nowhere is left to the rules' built-in default.
 
 The Jinja2 template (`templates/llmgw-site.rules.yml.j2`) lays the rules out; the
 rendered text is read back and must be exactly these rules, so no value can escape
@@ -60,6 +61,7 @@ SIGNAL_SERIES: dict[str, SignalSeries] = {
 }
 DECLARED = "llmgw:domain_declared:info"
 OVERRIDE = "llmgw:domain_threshold_override:value"
+DEFAULT = "llmgw:threshold_default:value"
 
 
 class RenderError(Exception):
@@ -124,7 +126,7 @@ def _signal_comment(name: str, signal: Signal) -> list[str]:
 
 
 def site_rules(facility: Facility) -> list[Rule]:
-    """Every rule of the group, in order: signals, declared domains, threshold overrides."""
+    """Every rule of the group, in order: signals, declared domains, thresholds."""
     rules: list[Rule] = []
     for position, (name, signal) in enumerate(facility.signals.configured().items()):
         series = SIGNAL_SERIES[name]
@@ -147,9 +149,18 @@ def site_rules(facility: Facility) -> list[Rule]:
                 heading="declared domains (domains:)" if position == 0 else "",
             )
         )
+    for position, (key, value) in enumerate(facility.defaults.thresholds.written().items()):
+        rules.append(
+            Rule(
+                record=DEFAULT,
+                expr=f"vector({number(value)})",
+                labels={"threshold": THRESHOLD_LABELS[key]},
+                heading="site-wide thresholds (defaults.thresholds)" if position == 0 else "",
+            )
+        )
     first = True
-    for ref, _ in declared:
-        for key, value in facility.written_thresholds(ref.kind, ref.name).items():
+    for ref, domain in declared:
+        for key, value in domain.thresholds.written().items():
             rules.append(
                 Rule(
                     record=OVERRIDE,
@@ -159,9 +170,7 @@ def site_rules(facility: Facility) -> list[Rule]:
                         "domain": ref.name,
                         "threshold": THRESHOLD_LABELS[key],
                     },
-                    heading="thresholds set by the facility file (own, else defaults)"
-                    if first
-                    else "",
+                    heading="per-domain thresholds (domains: …: thresholds:)" if first else "",
                 )
             )
             first = False

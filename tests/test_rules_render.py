@@ -30,6 +30,7 @@ POWER = "llmgw:domain_site_power_watts"
 ALARM = "llmgw:domain_cooling_alarm"
 DECLARED = "llmgw:domain_declared:info"
 OVERRIDE = "llmgw:domain_threshold_override:value"
+DEFAULT = "llmgw:threshold_default:value"
 
 
 def binary(name: str) -> str:
@@ -101,13 +102,16 @@ def test_the_example_renders_the_contract_series():
         (r["labels"]["kind"], r["labels"]["domain"], r["labels"]["threshold"]): r["expr"]
         for r in by_record[OVERRIDE]
     }
-    assert overrides[("row", "12", "inlet_warm_celsius")] == "vector(26)"  # its own
-    assert overrides[("row", "12", "inlet_hot_celsius")] == "vector(32)"  # from defaults
-    assert ("row", "12", "throttled_hot_ratio") not in overrides  # set nowhere: built-in
-    assert overrides[("rack", "r12-08", "throttled_hot_ratio")] == "vector(0.5)"
-    assert overrides[("rack", "r12-08", "gpu_slowdown_margin_celsius")] == "vector(3)"
-    assert len(overrides) == 16
-    assert len(rules) == 3 + 7 + 16
+    # Per-domain series only for what a domain sets itself; defaults are site-wide series.
+    assert overrides == {
+        ("row", "12", "inlet_warm_celsius"): "vector(26)",
+        ("rack", "r12-08", "throttled_hot_ratio"): "vector(0.5)",
+        ("rack", "r12-08", "gpu_slowdown_margin_celsius"): "vector(3)",
+    }
+    defaults = {r["labels"]["threshold"]: r["expr"] for r in by_record[DEFAULT]}
+    assert all(set(r["labels"]) == {"threshold"} for r in by_record[DEFAULT])
+    assert defaults == {"inlet_warm_celsius": "vector(27)", "inlet_hot_celsius": "vector(32)"}
+    assert len(rules) == 3 + 7 + 2 + 3
 
 
 def test_rendering_is_deterministic_and_names_its_source():
@@ -265,9 +269,6 @@ def test_the_rendered_rules_evaluate_as_the_contract_says(tmp_path):
                                 domain="12",
                                 threshold="inlet_warm_celsius",
                             ),
-                            sample(
-                                OVERRIDE, 32, kind="row", domain="12", threshold="inlet_hot_celsius"
-                            ),
                         ],
                     },
                     {
@@ -276,11 +277,17 @@ def test_the_rendered_rules_evaluate_as_the_contract_says(tmp_path):
                         "exp_samples": [
                             sample(OVERRIDE, value, kind="rack", domain="r12-08", threshold=name)
                             for name, value in (
-                                ("inlet_warm_celsius", 27),
-                                ("inlet_hot_celsius", 32),
                                 ("throttled_hot_ratio", 0.5),
                                 ("gpu_slowdown_margin_celsius", 3),
                             )
+                        ],
+                    },
+                    {
+                        "expr": DEFAULT,
+                        "eval_time": "1m",
+                        "exp_samples": [
+                            sample(DEFAULT, 27, threshold="inlet_warm_celsius"),
+                            sample(DEFAULT, 32, threshold="inlet_hot_celsius"),
                         ],
                     },
                     {
@@ -437,7 +444,6 @@ def test_vmalert_evaluates_the_rendered_rules_over_victoria_metrics(tmp_path):
         overrides = recorded(f'{OVERRIDE}{{domain="12"}}')
         assert {dict(k)["threshold"]: set(v.values()) for k, v in overrides.items()} == {
             "inlet_warm_celsius": {26},
-            "inlet_hot_celsius": {32},
         }
         assert len(recorded(DECLARED)) == 7
 
@@ -481,7 +487,7 @@ def test_render_writes_the_output_file_whole(tmp_path):
     assert output.read_text() == rules_render.render(
         facility_file.load(EXAMPLE), source=str(EXAMPLE)
     )
-    assert "26 rules in group llmgw-site.rules; reload Prometheus" in result.stderr
+    assert "15 rules in group llmgw-site.rules; reload Prometheus" in result.stderr
     umask = os.umask(0)
     os.umask(umask)
     assert output.stat().st_mode & 0o777 == 0o666 & ~umask  # as any new file, not mkstemp's 0600
