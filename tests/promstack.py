@@ -1,4 +1,5 @@
-"""Real servers for end-to-end tests: Prometheus, Alertmanager, the exporter, a webhook.
+"""Real servers for end-to-end tests: Prometheus, Alertmanager, VictoriaMetrics, vmalert,
+the exporter, a webhook.
 
 Each helper is a context manager that starts its server on a free 127.0.0.1 port
 with its files in a directory the caller gives (a pytest tmp dir), waits until it
@@ -9,8 +10,8 @@ A server that exits or never gets ready fails the test with the end of its log.
         ...
 
 The binaries are Debian's (`make debian-packages`): `prometheus`,
-`prometheus-alertmanager`; the exporter runs as `python -m exporter`, as
-tests/test_exporter_e2e.py runs it.
+`prometheus-alertmanager`, `victoria-metrics` and `vmalert` (package victoria-metrics);
+the exporter runs as `python -m exporter`, as tests/test_exporter_e2e.py runs it.
 """
 
 from __future__ import annotations
@@ -149,10 +150,7 @@ def prometheus(
             "evaluation_interval": interval,
         },
         "rule_files": [str(path) for path in rule_files],
-        "scrape_configs": [
-            {"job_name": job, "static_configs": [{"targets": list(targets)}]}
-            for job, targets in scrape_targets.items()
-        ],
+        "scrape_configs": _scrape_configs(scrape_targets),
     }
     if alertmanagers:
         config["alerting"] = {
@@ -194,6 +192,78 @@ def alertmanager(workdir: Path, config: Mapping[str, Any]) -> Iterator[Server]:
         yield server
 
 
+def _scrape_configs(scrape_targets: Mapping[str, list[str]]) -> list[dict[str, Any]]:
+    return [
+        {"job_name": job, "static_configs": [{"targets": list(targets)}]}
+        for job, targets in scrape_targets.items()
+    ]
+
+
+@contextmanager
+def victoria_metrics(
+    workdir: Path, *, scrape_targets: Mapping[str, list[str]], interval: str = "1s"
+) -> Iterator[Server]:
+    """VictoriaMetrics single-node scraping `scrape_targets` ({job: [host:port]}) every
+    `interval` with its own `-promscrape.config` (same `job` and `instance` labels as a
+    Prometheus job), its Prometheus API at the base URL.
+
+    Samples are searchable as soon as they are stored (`-search.latencyOffset=0s`, default
+    30 s, and no response cache), so a vmalert writing to it reads its own writes within
+    one evaluation: the condition state machine needs that (docs/rules.md)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = {
+        "global": {"scrape_interval": interval, "scrape_timeout": interval},
+        "scrape_configs": _scrape_configs(scrape_targets),
+    }
+    config_file = workdir / "promscrape.yml"
+    config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def command(port: int) -> list[str]:
+        return [
+            binary("victoria-metrics"),
+            f"-storageDataPath={workdir / 'data'}",
+            f"-httpListenAddr=127.0.0.1:{port}",
+            f"-promscrape.config={config_file}",
+            "-search.latencyOffset=0s",
+            "-search.disableCache",
+        ]
+
+    with running("victoria-metrics", command, workdir, _status_ok("/health")) as server:
+        yield server
+
+
+@contextmanager
+def vmalert(
+    workdir: Path,
+    *,
+    rule_files: list[Path],
+    datasource: str,
+    notifiers: Sequence[str],
+    interval: str = "1s",
+) -> Iterator[Server]:
+    """vmalert evaluating `rule_files` against the VictoriaMetrics at `datasource` (a base
+    URL), writing recording rules and alert state back to it (flushed every second) and
+    restoring alert state from it, sending alerts to `notifiers` (base URLs: vmalert
+    refuses to start with alerting rules and none). Groups without their own `interval:`
+    are evaluated every `interval`."""
+
+    def command(port: int) -> list[str]:
+        return [
+            binary("vmalert"),
+            *(f"-rule={path}" for path in rule_files),
+            f"-datasource.url={datasource}",
+            f"-remoteWrite.url={datasource}",
+            "-remoteWrite.flushInterval=1s",
+            f"-remoteRead.url={datasource}",
+            *(f"-notifier.url={url}" for url in notifiers),
+            f"-evaluationInterval={interval}",
+            f"-httpListenAddr=127.0.0.1:{port}",
+        ]
+
+    with running("vmalert", command, workdir, _status_ok("/health")) as server:
+        yield server
+
+
 @contextmanager
 def exporter(
     workdir: Path,
@@ -229,24 +299,23 @@ def exporter(
 
 @dataclass
 class Webhook:
-    """A loopback HTTP server that records every JSON body POSTed to it."""
+    """A loopback HTTP server that records every JSON body POSTed to it: Alertmanager's
+    webhook messages (objects), or as a notifier for vmalert its `/api/v2/alerts` lists."""
 
     url: str
-    received: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    received: list[tuple[str, Any]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _arrived: threading.Condition = field(init=False)
 
     def __post_init__(self) -> None:
         self._arrived = threading.Condition(self._lock)
 
-    def record(self, path: str, payload: dict[str, Any]) -> None:
+    def record(self, path: str, payload: Any) -> None:
         with self._arrived:
             self.received.append((path, payload))
             self._arrived.notify_all()
 
-    def wait_for(
-        self, match: Callable[[str, dict[str, Any]], bool], timeout_s: float
-    ) -> tuple[str, dict[str, Any]]:
+    def wait_for(self, match: Callable[[str, Any], bool], timeout_s: float) -> tuple[str, Any]:
         """The first (path, payload) received, before or within `timeout_s`, that matches."""
         deadline = time.monotonic() + timeout_s
         with self._arrived:

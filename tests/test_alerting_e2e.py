@@ -18,6 +18,18 @@ first scrape (a few seconds), the first domain evaluation (within 30 s), the
 Prometheus derives from the group and file names), delivery (LlmgwDomainHot
 has no `for` of its own, Alertmanager waits 1 s). The whole stack is started
 once for this module and every test shares that one wait.
+
+Portability (DESIGN.md §8, docs/rules.md "Running in vmalert"): in the same run a
+VictoriaMetrics single-node server scrapes the same exporter every second (its own
+`-promscrape.config`, same job), and vmalert evaluates the same unchanged rule
+files against it, writing its results back, its alerts going to a second loopback
+server. Its condition needs the same 2-minute hold but lags Prometheus by about two
+evaluations of the 30 s groups: it reads an earlier rule's output only once that
+output was written to VictoriaMetrics and read back, so the domain inlet appears one
+evaluation after the membership it joins, and the state set one evaluation after
+the level it reads (in Prometheus both are at the same evaluation). The vmalert
+tests come last and wait for that lag (`VMALERT_LAG_LIMIT_S`) after Prometheus's
+hot alert, not a second hold.
 """
 
 from __future__ import annotations
@@ -37,7 +49,16 @@ import requests
 import yaml
 
 from tests.fake_nvml.build import ensure_built
-from tests.promstack import Server, Webhook, alertmanager, exporter, prometheus, webhook
+from tests.promstack import (
+    Server,
+    Webhook,
+    alertmanager,
+    exporter,
+    prometheus,
+    victoria_metrics,
+    vmalert,
+    webhook,
+)
 from tests.shared_fixtures import SHARED_FIXTURES
 from tests.ttar import extract
 
@@ -63,6 +84,12 @@ HOT_RACK_LABELS = {
     "domain": "r12-07",
     "severity": "critical",
 }
+#: How long after Prometheus's hot alert vmalert may take to say the same: two
+#: evaluations of the 30 s groups (module docstring), plus up to one interval each
+#: for the phases of its two groups, which differ from Prometheus's.
+VMALERT_LAG_LIMIT_S = 120.0
+#: Watts and °C: both servers read the same exporter, a scrape or two apart.
+READING_TOLERANCE = 0.5
 
 
 def hot_node_sysfs(root: Path) -> Path:
@@ -99,6 +126,13 @@ def alertmanager_config(hook: Webhook) -> dict[str, Any]:
     return config
 
 
+def instant_query(server: Server, promql: str) -> list[dict[str, Any]]:
+    """`promql` at now, from Prometheus or VictoriaMetrics (the same API)."""
+    answer = requests.get(f"{server.url}/api/v1/query", params={"query": promql}, timeout=10)
+    answer.raise_for_status()
+    return answer.json()["data"]["result"]
+
+
 @dataclass
 class Stack:
     prometheus: Server
@@ -108,13 +142,16 @@ class Stack:
     hot_path: str
     hot_payload: dict[str, Any]
     hot_after_s: float
+    #: Monotonic time the hot alert reached the webhook.
+    hot_at: float
+    victoria_metrics: Server
+    vmalert: Server
+    #: What vmalert POSTed to its notifier: (path, list of alerts).
+    vmalert_notified: Webhook
+    workdir: Path
 
     def query(self, promql: str) -> list[dict[str, Any]]:
-        answer = requests.get(
-            f"{self.prometheus.url}/api/v1/query", params={"query": promql}, timeout=10
-        )
-        answer.raise_for_status()
-        return answer.json()["data"]["result"]
+        return instant_query(self.prometheus, promql)
 
 
 def carries_hot_rack(_path: str, payload: dict[str, Any]) -> bool:
@@ -141,6 +178,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     )
     with ExitStack() as servers:
         hook = servers.enter_context(webhook())
+        notified = servers.enter_context(webhook())
         node = servers.enter_context(
             exporter(
                 root / "exporter",
@@ -151,12 +189,21 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             )
         )
         am = servers.enter_context(alertmanager(root / "alertmanager", alertmanager_config(hook)))
+        targets = {"llmgw-exporter": [node.url.removeprefix("http://")]}
+        vm = servers.enter_context(
+            victoria_metrics(root / "victoria-metrics", scrape_targets=targets)
+        )
+        vma = servers.enter_context(
+            vmalert(
+                root / "vmalert", rule_files=RULE_FILES, datasource=vm.url, notifiers=[notified.url]
+            )
+        )
         started = time.monotonic()
         prom = servers.enter_context(
             prometheus(
                 root / "prometheus",
                 rule_files=RULE_FILES,
-                scrape_targets={"llmgw-exporter": [node.url.removeprefix("http://")]},
+                scrape_targets=targets,
                 alertmanagers=[am.url.removeprefix("http://")],
             )
         )
@@ -172,7 +219,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 f"{exc}\nPrometheus says: {state}\n"
                 f"Prometheus log:\n{prom.log_tail()}\nAlertmanager log:\n{am.log_tail()}"
             )
-        yield Stack(prom, am, node, hook, path, payload, time.monotonic() - started)
+        hot_at = time.monotonic()
+        yield Stack(
+            prom, am, node, hook, path, payload, hot_at - started, hot_at, vm, vma, notified, root
+        )
 
 
 def test_prometheus_answers_that_the_rack_is_hot(stack: Stack):
@@ -366,3 +416,153 @@ def test_the_webhook_payloads_are_json_alertmanager_sends(stack: Stack):
     for path, payload in stack.webhook.received:
         assert path in {"/llmgw-pager", "/llmgw-tickets"}
         assert payload["version"] == "4", json.dumps(payload)
+
+
+# ---------------------------------------------------------------- the same rules in vmalert
+# Last in the module: they wait (at most VMALERT_LAG_LIMIT_S after Prometheus's hot
+# alert) for vmalert to catch up, which the tests above need not do.
+
+
+def vmalert_api(stack: Stack, path: str) -> dict[str, Any]:
+    answer = requests.get(f"{stack.vmalert.url}/api/v1/{path}", timeout=10)
+    answer.raise_for_status()
+    return answer.json()["data"]
+
+
+def firing_in_vmalert(stack: Stack) -> list[dict[str, Any]]:
+    alerts = vmalert_api(stack, "alerts")["alerts"] or []  # null, not [], while none is active
+    return [alert for alert in alerts if alert["state"] == "firing"]
+
+
+def hot_domains(server: Server) -> set[tuple[str, str]]:
+    result = instant_query(server, 'llmgw_domain_condition{condition="hot"} == 1')
+    return {(sample["metric"]["kind"], sample["metric"]["domain"]) for sample in result}
+
+
+def state_sets(server: Server) -> dict[tuple[str, str], dict[str, float]]:
+    """{(kind, domain): {condition: value}} of every domain."""
+    sets: dict[tuple[str, str], dict[str, float]] = {}
+    for sample in instant_query(server, "llmgw_domain_condition"):
+        labels = sample["metric"]
+        sets.setdefault((labels["kind"], labels["domain"]), {})[labels["condition"]] = float(
+            sample["value"][1]
+        )
+    return sets
+
+
+@dataclass
+class VmalertCaughtUp:
+    #: Seconds after Prometheus's hot alert reached the webhook (negative: before).
+    lag_s: float
+
+
+@pytest.fixture(scope="module")
+def vmalert_hot(stack: Stack) -> VmalertCaughtUp:
+    """Waits until VictoriaMetrics says every domain of the node is hot and vmalert fires
+    LlmgwDomainHot for each: at most VMALERT_LAG_LIMIT_S after Prometheus's hot alert."""
+    deadline = stack.hot_at + VMALERT_LAG_LIMIT_S
+    while True:
+        fired = {
+            (alert["labels"].get("kind"), alert["labels"].get("domain"))
+            for alert in firing_in_vmalert(stack)
+            if alert["name"] == "LlmgwDomainHot"
+        }
+        if hot_domains(stack.victoria_metrics) == DOMAINS and fired == DOMAINS:
+            caught_up = VmalertCaughtUp(time.monotonic() - stack.hot_at)
+            (stack.workdir / "vmalert-lag.txt").write_text(
+                f"Prometheus hot alert {stack.hot_after_s:.1f} s after its start; "
+                f"vmalert {caught_up.lag_s:+.1f} s after that\n"
+            )
+            return caught_up
+        if time.monotonic() > deadline:
+            state = instant_query(
+                stack.victoria_metrics, '{__name__=~"llmgw_domain_condition|ALERTS"} == 1'
+            )
+            pytest.fail(
+                f"vmalert not hot {VMALERT_LAG_LIMIT_S:.0f} s after Prometheus: "
+                f"VictoriaMetrics says {state}; vmalert fires {sorted(fired)}\n"
+                f"vmalert log:\n{stack.vmalert.log_tail()}\n"
+                f"VictoriaMetrics log:\n{stack.victoria_metrics.log_tail()}"
+            )
+        time.sleep(1)
+
+
+def test_victoria_metrics_scrapes_the_exporter_as_prometheus_does(stack: Stack):
+    # Same job and instance labels: the rules' `max without (instance, job)` see the same.
+    def node_info(server: Server) -> list[dict[str, str]]:
+        return [sample["metric"] for sample in instant_query(server, "llmgw_node_info")]
+
+    assert node_info(stack.victoria_metrics) == node_info(stack.prometheus)
+    assert len(node_info(stack.prometheus)) == 1
+
+
+def test_vmalert_loads_every_rule_group_as_prometheus_does_and_none_errs(stack: Stack):
+    def rules_by_group(groups: list[dict[str, Any]]) -> dict[tuple[str, str], list[Any]]:
+        return {
+            (group["file"], group["name"]): [
+                (rule["type"], rule["name"], rule.get("labels") or {}) for rule in group["rules"]
+            ]
+            for group in groups
+        }
+
+    vm_groups = vmalert_api(stack, "rules")["groups"]
+    prom_groups = requests.get(f"{stack.prometheus.url}/api/v1/rules", timeout=10).json()["data"][
+        "groups"
+    ]
+    assert {group["file"] for group in vm_groups} == {str(path) for path in RULE_FILES}
+    assert rules_by_group(vm_groups) == rules_by_group(prom_groups)
+    broken = [
+        (group["name"], rule["name"], rule["health"], rule["lastError"])
+        for group in vm_groups
+        for rule in group["rules"]
+        if rule["health"] != "ok" or rule["lastError"]
+    ]
+    assert broken == []
+
+
+def test_victoria_metrics_says_every_domain_is_hot_as_prometheus_does(
+    stack: Stack, vmalert_hot: VmalertCaughtUp
+):
+    hot = {"ok": 0.0, "warm": 0.0, "hot": 1.0, "unknown": 0.0}
+    in_prometheus = state_sets(stack.prometheus)
+    in_victoria_metrics = state_sets(stack.victoria_metrics)
+    assert in_prometheus == {domain: hot for domain in DOMAINS}
+    assert in_victoria_metrics == in_prometheus, f"vmalert lag {vmalert_hot.lag_s:.1f} s"
+
+
+@pytest.mark.parametrize(
+    "series", ["llmgw_domain_measured_watts", "llmgw_domain_inlet_temperature_celsius"]
+)
+def test_victoria_metrics_reads_the_same_rack_figures(
+    stack: Stack, vmalert_hot: VmalertCaughtUp, series: str
+):
+    def value(server: Server) -> float:
+        [sample] = instant_query(server, f'{series}{{kind="rack",domain="r12-07"}}')
+        return float(sample["value"][1])
+
+    assert value(stack.victoria_metrics) == pytest.approx(
+        value(stack.prometheus), abs=READING_TOLERANCE
+    )
+
+
+def test_vmalert_fires_the_hot_alert_for_every_domain_and_nothing_else(
+    stack: Stack, vmalert_hot: VmalertCaughtUp
+):
+    firing = firing_in_vmalert(stack)
+    assert {
+        (alert["name"], alert["labels"].get("kind"), alert["labels"].get("domain"))
+        for alert in firing
+    } == {("LlmgwDomainHot", kind, domain) for kind, domain in DOMAINS}
+    [rack] = [alert for alert in firing if alert["labels"]["domain"] == "r12-07"]
+    # vmalert adds the group's name (-disableAlertgroupLabel would not); the rest, the
+    # annotations' templates and their queries included, renders as in Prometheus.
+    assert rack["labels"] == {**HOT_RACK_LABELS, "alertgroup": "llmgw-domain.alerts"}
+    [prometheus_alert] = stack.hot_payload["alerts"]
+    assert rack["annotations"] == prometheus_alert["annotations"]
+    # And it sent them to its notifier.
+    stack.vmalert_notified.wait_for(
+        lambda path, alerts: (
+            path == "/api/v2/alerts" and any(alert["labels"] == rack["labels"] for alert in alerts)
+        ),
+        timeout_s=10,
+    )
