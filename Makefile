@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: run test lint pytest rules fake-nvml bench clean debian-packages
+.PHONY: run test lint pytest rules fake-nvml bench bench-rules clean debian-packages
 
 # The main job: until the demo lands, the exporter printing what this machine sees.
 run: $(STAMP)
@@ -45,6 +45,9 @@ tests/fake_nvml/libnvidia-ml.so.1: tests/fake_nvml/fake_nvml.c
 bench: $(STAMP)
 	scripts/debian-packages.sh prometheus-node-exporter=prometheus-node-exporter promtool=prometheus gcc=gcc
 	$(BIN)/python benchmarks/exporter_scrape.py
+
+bench-rules: $(STAMP) debian-packages
+	$(BIN)/python benchmarks/rules_eval.py
 
 clean:
 	rm -rf $(VENV) tests/fake_nvml/libnvidia-ml.so.1 .pytest_cache .ruff_cache
