@@ -994,8 +994,11 @@ def run_size(
         data.mkdir()
         now = time.time()
         down_since = now - plan.history_s - 600  # failing hwmon sources: before any history
-        log(f"[{nodes} nodes] backfilling {plan.history_s / 60:.0f} min of {sorted(plan.raw)}")
-        log(f"[{nodes} nodes]   and of recording rules {sorted(plan.recorded)}")
+        if plan.raw:
+            log(f"[{nodes} nodes] backfilling {plan.history_s / 60:.0f} min of {sorted(plan.raw)}")
+            log(f"[{nodes} nodes]   and of recording rules {sorted(plan.recorded)}")
+        else:
+            log(f"[{nodes} nodes] no window reaches past the warm-up: nothing to backfill")
         backfilled = backfill(tmp, data, fleet, rules, plan, now, down_since)
         baseline = tmp / BASELINE_FILE
         baseline.write_text(yaml.safe_dump(baseline_rules(), sort_keys=False))
