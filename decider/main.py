@@ -1,17 +1,80 @@
-"""`llmgw-decider`: the placement sidecar of DESIGN.md §5, not built yet."""
+"""`llmgw-decider --config decider.yaml`: the placement sidecar of DESIGN.md §5 (docs/decider.md).
+
+Both files are validated before anything starts (every problem with its file and line, exit
+2). SIGHUP and `POST /-/reload` re-read them; a bad file leaves the running config in place.
+"""
 
 from __future__ import annotations
 
+import argparse
+import logging
+import signal
 import sys
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+
+from decider.api import create_app
+from decider.config import split_listen
+from decider.service import Service, load_all
+from decider.store import StoreError
+from exporter.yamlfile import ConfigError
+
+log = logging.getLogger("llmgw-decider")
+
+EXIT_BAD_CONFIG = 2
 
 
 def main(argv: list[str] | None = None) -> int:
-    print(
-        "llmgw-decider: the decider is not built yet; this release ships the node exporter "
-        "(llmgw-exporter).",
-        file=sys.stderr,
+    parser = argparse.ArgumentParser(prog="llmgw-decider", description=__doc__)
+    parser.add_argument("--config", type=Path, required=True, metavar="DECIDER_YAML")
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
-    return 2
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        loaded = load_all(args.config)
+        service = Service(args.config, loaded)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    except StoreError as exc:
+        print(f"llmgw-decider: {exc}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    host, port = split_listen(loaded.config.listen)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(service),
+            host=host,
+            port=port,
+            log_level=args.log_level,
+            access_log=False,
+            lifespan="off",
+        )
+    )
+
+    def on_hangup(_signum: int, _frame: FrameType | None) -> None:
+        service.reload()
+
+    signal.signal(signal.SIGHUP, on_hangup)
+    service.start()
+    log.info(
+        "serving on http://%s:%d (mode %s, facility %s, Prometheus %s)",
+        host,
+        port,
+        loaded.facility.mode,
+        loaded.config.facility,
+        loaded.config.prometheus.url,
+    )
+    try:
+        server.run()
+    finally:
+        service.stop()
+    return 0 if server.started else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,132 @@
+"""The decider's own /metrics (docs/rules.md, DESIGN.md §5): budgets, reservations, holds and
+headroom per domain, decisions, and how fresh its view of Prometheus is.
+
+Per-domain gauges come from a custom collector over the current View at scrape time, so
+they are never out of step with the answers; counters count as decisions are made.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from decider.placement import RULES
+from decider.placement.view import View
+
+CALLS = ("placement", "reservation")
+
+
+class DecisionCounters:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.decisions = Counter(
+            "llmgw_decider_decisions",
+            "Nodes judged, by call and outcome (observe mode allows every node).",
+            ["call", "outcome"],
+            registry=registry,
+        )
+        self.refusals = Counter(
+            "llmgw_decider_refusals",
+            "Nodes refused in enforce mode, by call and rule (a node refused by two rules "
+            "counts under each).",
+            ["call", "rule"],
+            registry=registry,
+        )
+        self.would_refuse = Counter(
+            "llmgw_decider_would_refuse",
+            "Nodes observe mode allowed that enforce mode would have refused, by call and rule.",
+            ["call", "rule"],
+            registry=registry,
+        )
+        for call in CALLS:
+            for outcome in ("allowed", "refused"):
+                self.decisions.labels(call, outcome)
+            for rule in RULES:
+                self.refusals.labels(call, rule)
+                self.would_refuse.labels(call, rule)
+
+    def count(
+        self, call: str, mode: str, judged: int, refused_by_rule: Tally[str], refused: int
+    ) -> None:
+        observe = mode == "observe"
+        self.decisions.labels(call, "allowed").inc(judged if observe else judged - refused)
+        if not observe and refused:
+            self.decisions.labels(call, "refused").inc(refused)
+        counter = self.would_refuse if observe else self.refusals
+        for rule, count in refused_by_rule.items():
+            counter.labels(call, rule).inc(count)
+
+
+class DomainCollector(Collector):
+    def __init__(self, view: Callable[[], View], clock: Callable[[], float] = time.time) -> None:
+        self._view = view
+        self._clock = clock
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        view = self._view()
+        labels = ["kind", "domain"]
+        budget = GaugeMetricFamily(
+            "llmgw_domain_power_budget_watts",
+            "The domain's cap from the facility file (smallest feed × derating, or cap_watts).",
+            labels=labels,
+        )
+        reserved = GaugeMetricFamily(
+            "llmgw_domain_reserved_watts",
+            "Estimated draw of the replicas reserved in the domain.",
+            labels=labels,
+        )
+        headroom = GaugeMetricFamily(
+            "llmgw_domain_headroom_watts",
+            "Cap minus load (the larger of reserved and measured, plus other_watts).",
+            labels=labels,
+        )
+        held = GaugeMetricFamily(
+            "llmgw_domain_held", "1 while the facility team holds the domain.", labels=labels
+        )
+        for ref in sorted(view.domain_refs):
+            domain = view.domain(ref)
+            values = [ref.kind, ref.name]
+            if domain.cap is not None:
+                budget.add_metric(values, domain.cap)
+                headroom.add_metric(values, domain.cap - domain.load)
+            reserved.add_metric(values, domain.reserved)
+            held.add_metric(values, 1.0 if domain.held else 0.0)
+        yield from (budget, reserved, headroom, held)
+
+        snapshot = view.snapshot
+        up = GaugeMetricFamily(
+            "llmgw_decider_prometheus_up",
+            "1 while the decider's last refresh read every query from Prometheus.",
+        )
+        up.add_metric([], 1.0 if snapshot.prometheus_up else 0.0)
+        yield up
+        age = snapshot.age_seconds(self._clock())
+        if age is not None:  # never read: absent, and LlmgwDeciderPrometheusUnreachable fires
+            family = GaugeMetricFamily(
+                "llmgw_decider_snapshot_age_seconds",
+                "Seconds since the oldest part of the decider's snapshot was read.",
+            )
+            family.add_metric([], age)
+            yield family
+        parts = GaugeMetricFamily(
+            "llmgw_decider_snapshot_part_read_timestamp_seconds",
+            "When each part of the snapshot was last read (absent: never).",
+            labels=["part"],
+        )
+        for name, part in snapshot.parts.items():
+            if part.read_at is not None:
+                parts.add_metric([name], part.read_at)
+        yield parts
+        reservations = GaugeMetricFamily(
+            "llmgw_decider_reservations",
+            "Reservations held, confirmed or waiting for confirmation.",
+            labels=["state"],
+        )
+        confirmed = sum(1 for r in view.reservations.values() if r.confirmed_at is not None)
+        reservations.add_metric(["confirmed"], confirmed)
+        reservations.add_metric(["pending"], len(view.reservations) - confirmed)
+        yield reservations

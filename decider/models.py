@@ -1,0 +1,104 @@
+"""The HTTP API's bodies (docs/decider.md): validated on the way in, described in /openapi.json.
+
+Shapes from the issue that introduced them; extend them, never change them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Replica(_Body):
+    """A replica to place. `power_watts`, when given, is its draw: the operator's figure wins."""
+
+    model: str = Field(min_length=1, max_length=256)
+    profile: str = Field(min_length=1, max_length=256)
+    gpus: int = Field(ge=0, le=1024)
+    cpu_cores: float | None = Field(None, gt=0, le=100_000)
+    power_watts: float | None = Field(None, gt=0, le=10_000_000)
+    class_: str | None = Field(None, alias="class", max_length=64)
+
+
+class PlacementRequest(_Body):
+    replica: Replica
+    candidates: list[str] = Field(max_length=100_000, description="node names, scheduler's order")
+
+    @field_validator("candidates")
+    @classmethod
+    def _distinct_names(cls, candidates: list[str]) -> list[str]:
+        if len(set(candidates)) != len(candidates):
+            seen: set[str] = set()
+            twice = next(node for node in candidates if node in seen or seen.add(node))
+            raise ValueError(f"node {twice!r} is listed more than once")
+        for node in candidates:
+            if not node:
+                raise ValueError("a candidate node name is empty")
+        return candidates
+
+
+class NodeVerdict(_Body):
+    node: str
+    allowed: bool
+    estimate_watts: float
+    reasons: list[str] = Field(description="why it is refused (enforce mode); empty if allowed")
+    would_refuse: list[str] | None = Field(
+        None, description="observe mode: what enforce mode would have refused it for"
+    )
+    condition: Literal["ok", "warm", "hot", "unknown"]
+    headroom_watts: float | None = Field(
+        description="room left under the tightest budgeted domain's cap × (1 − margin) after "
+        "this replica; negative: by how much it would pass; null: no budget"
+    )
+    scores: dict[str, float | None] | None = Field(
+        None, description="the ordering keys of an allowed node, lower first"
+    )
+
+
+class PlacementResponse(_Body):
+    mode: Literal["observe", "enforce"]
+    order: list[str]
+    nodes: list[NodeVerdict]
+    missing: list[str]
+    summary: str
+
+
+class ReservationRequest(_Body):
+    id: str = Field(min_length=1, max_length=256)
+    replica: Replica
+    node: str = Field(min_length=1, max_length=256)
+
+
+class ReservationOut(_Body):
+    id: str
+    node: str
+    replica: dict
+    estimate_watts: float
+    gpus: int
+    domains: list[str]
+    created_at: float
+    expires_at: float | None
+    confirmed_at: float | None
+    confirmed: bool
+
+
+class Refusal(_Body):
+    detail: str
+    reasons: list[str]
+    missing: list[str] = []
+
+
+class HoldRequest(_Body):
+    reason: str = Field(min_length=1, max_length=1024)
+
+    @field_validator("reason")
+    @classmethod
+    def _printable(cls, reason: str) -> str:
+        if not reason.strip() or any(ord(char) < 32 or ord(char) == 127 for char in reason):
+            raise ValueError("a reason is one line of printable text")
+        return reason.strip()

@@ -1,0 +1,22 @@
+"""Prefer racks and PDUs with fewer reserved replicas of the same model (DESIGN.md §5,
+rule 3): a preference only, after condition and rack room; it never refuses a node.
+
+A node with unknown membership has no rack or PDU to count: 0.
+"""
+
+from __future__ import annotations
+
+from decider.placement.view import NodeState, View
+
+name = "spread"
+
+
+def score(node: NodeState, model: str, view: View) -> int:
+    counts = view.replicas_by_model
+    if not counts:
+        return 0
+    return sum(
+        counts.get((model, domain.ref), 0)
+        for domain in node.domains
+        if domain.ref.kind in ("rack", "pdu")
+    )

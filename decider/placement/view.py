@@ -1,0 +1,216 @@
+"""The state every decision reads: facility file, snapshot, reservations and holds, frozen.
+
+A View is immutable; decider.state builds a new one on every change (a reservation, a hold,
+a refresh, a reload) and swaps it in one assignment, so a placement reads one consistent
+state without taking a lock. Per-domain and per-node figures are worked out once per view,
+on first use, and shared by every request that reads the same view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+
+from decider.facility import DomainRef, Facility
+from decider.snapshot import Condition, Snapshot
+from decider.store import Hold, Reservation
+
+#: Worst first: a node takes the worst condition among its domains.
+CONDITION_RANK: dict[Condition, int] = {"hot": 3, "warm": 2, "ok": 1, "unknown": 0}
+
+
+@dataclass(frozen=True, slots=True)
+class DomainState:
+    """One domain's figures in this view. Watts; None where there is no figure."""
+
+    ref: DomainRef
+    cap: float | None  # the facility file's cap (DESIGN.md §5); None: no budget
+    limit: float | None  # cap * (1 - margin): past this, placements are refused
+    other_watts: float
+    reserved: float
+    measured: float | None  # None: no fresh measurement
+    condition: Condition
+    reading_age: float | None
+    held: Hold | None
+
+    @property
+    def load(self) -> float:
+        """The larger of reserved and measured, plus what no node reports (DESIGN.md §5)."""
+        measured = self.measured if self.measured is not None else 0.0
+        return max(self.reserved, measured) + self.other_watts
+
+    @property
+    def load_basis(self) -> str:
+        """Which figure the load is: `reserved` or `measured`."""
+        if self.measured is not None and self.measured > self.reserved:
+            return "measured"
+        return "reserved"
+
+    @property
+    def room(self) -> float | None:
+        """Watts left under the limit (negative: past it); None without a budget."""
+        return None if self.limit is None else self.limit - self.load
+
+    @property
+    def headroom(self) -> float | None:
+        """Watts left under the cap itself (what /metrics publishes); None without a budget."""
+        return None if self.cap is None else self.cap - self.load
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """A candidate node in this view: its domains and what they say before any estimate."""
+
+    node: str
+    domains: tuple[DomainState, ...]  # empty: the node's membership is unknown
+    condition: Condition  # the worst among its domains
+    refusals: tuple[tuple[str, str], ...]  # (rule, reason) from rules needing no estimate
+    room: float | None  # the least room among its budgeted domains
+    rack: DomainState | None
+    gpus: int | None  # physical GPUs, from the snapshot
+    gpu_limit_watts: float | None  # the largest enforced GPU power limit, from the snapshot
+    reserved_gpus: int
+
+
+@dataclass(frozen=True)
+class View:
+    facility: Facility
+    snapshot: Snapshot
+    now: float
+    fresh: frozenset[str]  # the snapshot parts usable now
+    missing: tuple[str, ...]  # a sentence for each part that is not
+    reservations: Mapping[str, Reservation]
+    holds: Mapping[DomainRef, Hold]
+
+    @property
+    def mode(self) -> str:
+        return self.facility.mode
+
+    def membership(self, node: str) -> tuple[DomainRef, ...] | None:
+        """The node's domains; None when the membership part is missing or the node unknown."""
+        if "membership" not in self.fresh:
+            return None
+        return self.snapshot.membership.get(node)
+
+    def reservation_domains(self, reservation: Reservation) -> tuple[DomainRef, ...]:
+        """Where a reservation counts: its node's domains now, else those it was made in."""
+        current = self.membership(reservation.node)
+        return current if current is not None else reservation.domains
+
+    @cached_property
+    def reserved_watts(self) -> dict[DomainRef, float]:
+        totals: dict[DomainRef, float] = {}
+        for reservation in self.reservations.values():
+            for ref in self.reservation_domains(reservation):
+                totals[ref] = totals.get(ref, 0.0) + reservation.estimate_watts
+        return totals
+
+    @cached_property
+    def reserved_gpus(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for reservation in self.reservations.values():
+            totals[reservation.node] = totals.get(reservation.node, 0) + reservation.gpus
+        return totals
+
+    @cached_property
+    def replicas_by_model(self) -> dict[tuple[str, DomainRef], int]:
+        """Reserved replicas of each model per rack and pdu, for the spread preference."""
+        counts: dict[tuple[str, DomainRef], int] = {}
+        for reservation in self.reservations.values():
+            for ref in self.reservation_domains(reservation):
+                if ref.kind in ("rack", "pdu"):
+                    key = (reservation.model, ref)
+                    counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    @cached_property
+    def domain_refs(self) -> frozenset[DomainRef]:
+        """Every domain this view knows: Prometheus' inventory, the file's, the holds'."""
+        declared = {ref for ref, _ in self.facility.declared()}
+        known = self.snapshot.domains if "inventory" in self.fresh else frozenset()
+        members: set[DomainRef] = set()
+        if "membership" in self.fresh:
+            for refs in self.snapshot.membership.values():
+                members.update(refs)
+        return frozenset(known | declared | members | set(self.holds) | set(self.reserved_watts))
+
+    @cached_property
+    def domains(self) -> dict[DomainRef, DomainState]:
+        return {ref: self._domain_state(ref) for ref in self.domain_refs}
+
+    def domain(self, ref: DomainRef) -> DomainState:
+        state = self.domains.get(ref)
+        return state if state is not None else self._domain_state(ref)
+
+    def _domain_state(self, ref: DomainRef) -> DomainState:
+        facility = self.facility
+        declared = facility.domain(ref.kind, ref.name)
+        cap = facility.cap_watts(ref.kind, ref.name)
+        measured = self.snapshot.measured_watts.get(ref) if "measured" in self.fresh else None
+        condition: Condition = "unknown"
+        if "conditions" in self.fresh:
+            condition = self.snapshot.conditions.get(ref, "unknown")
+        age = self.snapshot.reading_ages.get(ref) if "ages" in self.fresh else None
+        return DomainState(
+            ref=ref,
+            cap=cap,
+            limit=None if cap is None else cap * (1 - facility.defaults.margin),
+            other_watts=declared.other_watts if declared is not None else 0.0,
+            reserved=self.reserved_watts.get(ref, 0.0),
+            measured=measured,
+            condition=condition,
+            reading_age=age,
+            held=self.holds.get(ref),
+        )
+
+    @cached_property
+    def _nodes(self) -> dict[str, NodeState]:
+        return {}
+
+    def node(self, name: str) -> NodeState:
+        """The node's state, worked out once per view (a dict write is atomic under the GIL:
+        two threads racing here compute the same value)."""
+        state = self._nodes.get(name)
+        if state is None:
+            state = self._node_state(name)
+            self._nodes[name] = state
+        return state
+
+    def _node_state(self, name: str) -> NodeState:
+        from decider.placement import STATIC_FILTERS  # the registry imports this module
+
+        refs = self.membership(name) or ()
+        domains = tuple(self.domain(ref) for ref in refs)
+        condition: Condition = "unknown"
+        for domain in domains:
+            if CONDITION_RANK[domain.condition] > CONDITION_RANK[condition]:
+                condition = domain.condition
+        refusals = tuple(
+            (rule.name, reason)
+            for rule in STATIC_FILTERS
+            for domain in domains
+            if (reason := rule.refuse(domain)) is not None
+        )
+        rooms = [domain.room for domain in domains if domain.room is not None]
+        rack = next((domain for domain in domains if domain.ref.kind == "rack"), None)
+        gpus = self.snapshot.node_gpus.get(name) if "gpus" in self.fresh else None
+        limit = self.snapshot.gpu_limit_watts.get(name) if "limits" in self.fresh else None
+        return NodeState(
+            node=name,
+            domains=domains,
+            condition=condition,
+            refusals=refusals,
+            room=min(rooms) if rooms else None,
+            rack=rack,
+            gpus=gpus,
+            gpu_limit_watts=limit,
+            reserved_gpus=self.reserved_gpus.get(name, 0),
+        )
+
+    @cached_property
+    def site_gpu_limit_watts(self) -> float | None:
+        """The largest enforced GPU limit in the site: the estimate for a node without one."""
+        if "limits" not in self.fresh or not self.snapshot.gpu_limit_watts:
+            return None
+        return max(self.snapshot.gpu_limit_watts.values())

@@ -1,0 +1,551 @@
+"""The decider's view of Prometheus: a background refresher that rebuilds the Snapshot.
+
+A placement never waits on Prometheus (DESIGN.md §5): a daemon thread reads the rules'
+series (docs/rules.md) every `refresh_interval` and replaces the shared `Snapshot` whole.
+
+- **Bounded.** Every query has the configured timeout and at most `retries` retries with a
+  short backoff (prometheus-api-client's own default retries for seconds and honours a
+  `Retry-After` of any length). The queries of one refresh run in parallel, so a dead
+  Prometheus costs one query's worth of time, not seven.
+- **Fresh only.** Each series is read through `last_over_time(series[window])`: a restarted
+  Prometheus otherwise serves the previous process's last sample for five minutes. Plain
+  PromQL, so VictoriaMetrics, Thanos and Mimir run it too.
+- **Per part.** Each part of `snapshot.PARTS` has its own query. One that fails keeps its
+  previous data and read time, so it ages on its own; the error says which query failed and
+  why. A bad series label (a kind that is not a domain kind, a missing label) drops that
+  series and is noted in the part's error, the rest is used; a bad value (not a finite
+  number) or a malformed answer fails the part, since the whole answer is then suspect.
+- **Never raises.** Whatever the server answers, `refresh` returns a Snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, cast
+
+import requests
+from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from urllib3.exceptions import MaxRetryError, ReadTimeoutError, ResponseError
+from urllib3.util import Retry
+
+from decider.config import DeciderConfig, PrometheusSettings
+from decider.facility import KINDS, DomainRef, Kind
+from decider.promql import format_duration
+from decider.snapshot import PARTS, Condition, Part, Snapshot
+
+log = logging.getLogger(__name__)
+
+#: How old a rule's sample may be and still count as current: three evaluations of the
+#: rules' 30 s groups, so one late evaluation or scrape hides nothing.
+FRESH_WINDOW_S = 90.0
+#: Retry backoff: the first retry is immediate, then 0.2 s, 0.4 s, at most 0.5 s.
+BACKOFF_FACTOR_S = 0.1
+BACKOFF_MAX_S = 0.5
+RETRY_ON_STATUS = (500, 502, 503, 504)
+#: How often a refresh that may be cancelled looks at its cancel event.
+CANCEL_POLL_S = 0.05
+#: The longest error text kept in a Part: enough to say what, short enough for a log line.
+MAX_ERROR_CHARS = 300
+
+#: One query per part; `{window}` is a PromQL duration.
+QUERIES: dict[str, str] = {
+    "membership": "last_over_time(llmgw:node_domain:membership[{window}])",
+    "inventory": "last_over_time(llmgw_domain_info[{window}])",
+    "measured": "last_over_time(llmgw_domain_measured_watts[{window}])",
+    "conditions": "last_over_time(llmgw_domain_condition[{window}]) == 1",
+    "ages": "last_over_time(llmgw_domain_reading_age_seconds[{window}])",
+    "gpus": "last_over_time(llmgw:node_gpus:count[{window}])",
+    "limits": "max by (node) (last_over_time(llmgw_gpu_power_limit_watts[{window}]))",
+}
+assert QUERIES.keys() == PARTS.keys(), "one query per snapshot part"
+
+#: A domain showing two conditions at once (a state set caught mid-change, two rulers)
+#: counts as the worse one.
+CONDITION_RANK: dict[str, int] = {"unknown": 0, "ok": 1, "warm": 2, "hot": 3}
+
+
+class QueryError(Exception):
+    """A query got no usable answer; the message says what went wrong, on one line."""
+
+
+def queries(window_seconds: float) -> dict[str, str]:
+    """Each part's PromQL, reading samples at most `window_seconds` old."""
+    window = format_duration(window_seconds)
+    return {part: text.format(window=window) for part, text in QUERIES.items()}
+
+
+class PrometheusReader:
+    """Runs instant queries against one Prometheus-compatible URL, bounded in time.
+
+    Thread-safe: each concurrent query takes its own PrometheusConnect (and so its own
+    requests session and connection pool) from a pool, since a session is not promised to
+    be safe across threads.
+    """
+
+    def __init__(self, url: str, timeout: float, retries: int) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.retries = retries
+        self._idle: queue.SimpleQueue[PrometheusConnect] = queue.SimpleQueue()
+        self._closed = False
+
+    @classmethod
+    def from_settings(cls, settings: PrometheusSettings) -> PrometheusReader:
+        return cls(settings.url, settings.timeout, settings.retries)
+
+    @property
+    def budget_s(self) -> float:
+        """The longest one query should take, retries and backoff included.
+
+        requests' timeout bounds each connect and each read, so an attempt may take two of
+        them; past this a query counts as failed even if it is still trickling in.
+        """
+        backoff = sum(
+            min(BACKOFF_MAX_S, BACKOFF_FACTOR_S * 2 ** (attempt - 1))
+            for attempt in range(2, self.retries + 1)
+        )
+        return (self.retries + 1) * 2 * self.timeout + backoff + 0.5
+
+    def _retry(self) -> Retry:
+        return Retry(
+            total=self.retries,
+            backoff_factor=BACKOFF_FACTOR_S,
+            backoff_max=BACKOFF_MAX_S,
+            status_forcelist=RETRY_ON_STATUS,
+            allowed_methods=frozenset({"GET"}),
+            # A 503 with `Retry-After: 3600` must not stall the refresher for an hour.
+            respect_retry_after_header=False,
+        )
+
+    def _client(self) -> PrometheusConnect:
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            return PrometheusConnect(url=self.url, retry=self._retry(), timeout=self.timeout)
+
+    def query(self, promql: str) -> list[Any]:
+        """The query's `data.result`, unchecked; raises QueryError on any failure."""
+        client = self._client()
+        try:
+            result = client.custom_query(promql)
+        except Exception as exc:  # any failure of the library or the server is one outcome
+            raise QueryError(self._describe(exc)) from exc
+        finally:
+            if self._closed:
+                client.close()
+            else:
+                self._idle.put(client)
+        return cast(list[Any], result)
+
+    def _describe(self, exc: Exception) -> str:
+        attempts = f"{self.retries + 1} attempt{'s' if self.retries else ''}"
+        reason = exc.args[0] if exc.args else None
+        if isinstance(reason, MaxRetryError):
+            reason = reason.reason
+        if isinstance(exc, requests.exceptions.JSONDecodeError):
+            return f"the answer is not JSON ({exc})"
+        if isinstance(exc, requests.exceptions.RetryError) or isinstance(reason, ResponseError):
+            return f"HTTP error from {self.url} on all {attempts} ({reason})"
+        if isinstance(exc, requests.exceptions.Timeout) or isinstance(reason, ReadTimeoutError):
+            return f"no answer from {self.url} within {self.timeout:g}s, {attempts}"
+        if isinstance(exc, requests.exceptions.ConnectionError):
+            return f"cannot reach {self.url} ({attempts}): {reason or exc}"
+        if isinstance(exc, PrometheusApiClientException):
+            return f"{self.url} answered {exc}"
+        if isinstance(exc, (KeyError, TypeError, IndexError, ValueError)):
+            return f"the answer is not a Prometheus query response ({type(exc).__name__}: {exc})"
+        return f"{type(exc).__name__}: {exc}"
+
+    def close(self) -> None:
+        """Close every idle session; one still in use is closed when its query ends."""
+        self._closed = True
+        while True:
+            try:
+                self._idle.get_nowait().close()
+            except queue.Empty:
+                return
+
+
+# --- parsing -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Sample:
+    labels: Mapping[str, str]
+    value: float
+
+
+def _samples(result: Any) -> list[_Sample]:
+    """An instant vector's series, each with a finite value; raises QueryError otherwise."""
+    if not isinstance(result, list):
+        raise QueryError(
+            f"the result is a {type(result).__name__}, not an instant vector (a list of series)"
+        )
+    samples: list[_Sample] = []
+    for index, item in enumerate(result):
+        metric = item.get("metric") if isinstance(item, dict) else None
+        pair = item.get("value") if isinstance(item, dict) else None
+        if not isinstance(metric, dict) or not all(
+            isinstance(key, str) and isinstance(value, str) for key, value in metric.items()
+        ):
+            raise QueryError(f"series {index} has no `metric` object of string labels")
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise QueryError(f"series {_show(metric)} has no `value` [time, value] pair")
+        number = _finite(pair[1])
+        if number is None:
+            raise QueryError(f"series {_show(metric)} has value {pair[1]!r}, not a finite number")
+        samples.append(_Sample(metric, number))
+    return samples
+
+
+def _finite(raw: Any) -> float | None:
+    """A sample value (Prometheus sends it as a string) as a finite float, else None."""
+    if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
+        return None
+    try:
+        number = float(raw)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _show(labels: Mapping[str, str]) -> str:
+    return "{" + ",".join(f'{key}="{value}"' for key, value in sorted(labels.items())) + "}"
+
+
+class _Dropped:
+    """Series a part ignored for their labels: counted, the first shown."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first = ""
+
+    def add(self, sample: _Sample, why: str) -> None:
+        if not self.count:
+            self.first = f"{_show(sample.labels)}: {why}"
+        self.count += 1
+
+    def message(self) -> str | None:
+        if not self.count:
+            return None
+        return f"ignored {self.count} series with bad labels, e.g. {self.first}"
+
+
+def _domain(sample: _Sample, dropped: _Dropped) -> DomainRef | None:
+    kind = sample.labels.get("kind", "")
+    name = sample.labels.get("domain", "")
+    if kind not in KINDS:
+        dropped.add(sample, f"kind {kind!r} is not one of {', '.join(KINDS)}")
+        return None
+    if not name:
+        dropped.add(sample, "no `domain` label")
+        return None
+    return DomainRef(cast(Kind, kind), name)
+
+
+def _node(sample: _Sample, dropped: _Dropped) -> str | None:
+    node = sample.labels.get("node", "")
+    if not node:
+        dropped.add(sample, "no `node` label")
+    return node or None
+
+
+def _per_domain(samples: list[_Sample], dropped: _Dropped) -> dict[DomainRef, float]:
+    # A duplicate (two rulers writing one series) keeps the larger: more power, older age.
+    values: dict[DomainRef, float] = {}
+    for sample in samples:
+        if (domain := _domain(sample, dropped)) is not None:
+            values[domain] = max(sample.value, values.get(domain, sample.value))
+    return values
+
+
+def _per_node(samples: list[_Sample], dropped: _Dropped) -> dict[str, float]:
+    values: dict[str, float] = {}
+    for sample in samples:
+        if (node := _node(sample, dropped)) is not None:
+            values[node] = max(sample.value, values.get(node, sample.value))
+    return values
+
+
+def _parse(part: str, samples: list[_Sample], dropped: _Dropped) -> Any:
+    """One part's data, from its query's series."""
+    if part == "membership":
+        nodes: dict[str, set[DomainRef]] = {}
+        for sample in samples:
+            node = _node(sample, dropped)
+            domain = _domain(sample, dropped) if node is not None else None
+            if node is not None and domain is not None:
+                nodes.setdefault(node, set()).add(domain)
+        return {node: tuple(sorted(domains)) for node, domains in nodes.items()}
+    if part == "inventory":
+        found = (_domain(sample, dropped) for sample in samples)
+        return frozenset(domain for domain in found if domain is not None)
+    if part == "conditions":
+        conditions: dict[DomainRef, Condition] = {}
+        for sample in samples:
+            condition = sample.labels.get("condition", "")
+            if condition not in CONDITION_RANK:
+                dropped.add(sample, f"condition {condition!r} is not one of ok, warm, hot, unknown")
+                continue
+            domain = _domain(sample, dropped)
+            if domain is None:
+                continue
+            held = conditions.get(domain)
+            if held is None or CONDITION_RANK[condition] > CONDITION_RANK[held]:
+                conditions[domain] = cast(Condition, condition)
+        return conditions
+    if part in ("measured", "ages"):
+        return _per_domain(samples, dropped)
+    if part == "gpus":
+        counts = _per_node(samples, dropped)
+        for node, count in counts.items():
+            if count < 0 or not count.is_integer():
+                raise QueryError(f'node "{node}" has {count:g} GPUs, not a whole number')
+        return {node: int(count) for node, count in counts.items()}
+    if part == "limits":
+        return _per_node(samples, dropped)
+    raise AssertionError(f"no parser for part {part!r}")
+
+
+# --- refresh -------------------------------------------------------------------------------
+
+
+def _one_line(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= MAX_ERROR_CHARS else line[: MAX_ERROR_CHARS - 1] + "…"
+
+
+def _read_part(reader: PrometheusReader, part: str, promql: str) -> tuple[Any, str | None]:
+    """(data, note) for one part; raises QueryError with the part and query named."""
+    try:
+        dropped = _Dropped()
+        data = _parse(part, _samples(reader.query(promql)), dropped)
+    except QueryError as exc:
+        raise QueryError(_one_line(f"{part} query `{promql}`: {exc}")) from exc
+    except Exception as exc:  # a parser bug must still not take the refresher down
+        raise QueryError(
+            _one_line(f"{part} query `{promql}`: unexpected {type(exc).__name__}: {exc}")
+        ) from exc
+    note = dropped.message()
+    return data, None if note is None else _one_line(f"{part} query `{promql}`: {note}")
+
+
+def _previous_data(previous: Snapshot, part: str) -> Any:
+    return {
+        "membership": previous.membership,
+        "inventory": previous.domains,
+        "measured": previous.measured_watts,
+        "conditions": previous.conditions,
+        "ages": previous.reading_ages,
+        "gpus": previous.node_gpus,
+        "limits": previous.gpu_limit_watts,
+    }[part]
+
+
+def _run_all(
+    reader: PrometheusReader,
+    texts: Mapping[str, str],
+    cancel: threading.Event | None,
+) -> dict[str, tuple[Any, str | None] | QueryError]:
+    """Every part's outcome, queried in parallel and waited for at most the reader's budget."""
+    outcomes: dict[str, tuple[Any, str | None] | QueryError] = {}
+    executor = ThreadPoolExecutor(max_workers=len(texts), thread_name_prefix="prometheus-query")
+    try:
+        futures: dict[Future[tuple[Any, str | None]], str] = {
+            executor.submit(_read_part, reader, part, text): part for part, text in texts.items()
+        }
+        deadline = time.monotonic() + reader.budget_s
+        pending: Iterable[Future[tuple[Any, str | None]]] = set(futures)
+        while pending and (left := deadline - time.monotonic()) > 0:
+            if cancel is not None and cancel.is_set():
+                break
+            step = left if cancel is None else min(left, CANCEL_POLL_S)
+            _, pending = wait(pending, timeout=step, return_when=FIRST_COMPLETED)
+        for future, part in futures.items():
+            if not future.done():
+                why = "cancelled" if cancel is not None and cancel.is_set() else "no answer"
+                outcomes[part] = QueryError(
+                    f"{part} query `{texts[part]}`: {why} within {reader.budget_s:g}s"
+                )
+                continue
+            try:
+                outcomes[part] = future.result()
+            except QueryError as exc:
+                outcomes[part] = exc
+    finally:
+        # Stragglers finish on their own (each read is bounded by the timeout); nobody waits.
+        executor.shutdown(wait=False, cancel_futures=True)
+    return outcomes
+
+
+def refresh(
+    previous: Snapshot,
+    reader: PrometheusReader,
+    window_seconds: float,
+    now: float,
+    *,
+    cancel: threading.Event | None = None,
+) -> Snapshot:
+    """A new Snapshot: each part read anew, or, where its query failed, kept from `previous`.
+
+    Returns within about the reader's budget (one query's timeout × attempts), or soon after
+    `cancel` is set. Never raises. `domains` is the inventory and every member's domain;
+    while the inventory query fails, the previous `domains` are kept, the current members'
+    added.
+    """
+    try:
+        outcomes = _run_all(reader, queries(window_seconds), cancel)
+    except Exception as exc:  # e.g. no thread could be started: keep everything as it was
+        message = _one_line(f"refresh failed before any query: {type(exc).__name__}: {exc}")
+        outcomes = {part: QueryError(message) for part in PARTS}
+
+    data: dict[str, Any] = {}
+    parts: dict[str, Part] = {}
+    for part in PARTS:
+        outcome = outcomes[part]
+        if isinstance(outcome, QueryError):
+            data[part] = _previous_data(previous, part)
+            read_at = previous.parts.get(part, Part()).read_at
+            parts[part] = Part(read_at=read_at, error=str(outcome))
+        else:
+            data[part], note = outcome
+            parts[part] = Part(read_at=now, error=note)
+
+    membership: Mapping[str, tuple[DomainRef, ...]] = data["membership"]
+    members = {domain for domains in membership.values() for domain in domains}
+    return Snapshot(
+        membership=MappingProxyType(dict(membership)),
+        domains=frozenset(data["inventory"]) | members,
+        measured_watts=MappingProxyType(dict(data["measured"])),
+        conditions=MappingProxyType(dict(data["conditions"])),
+        reading_ages=MappingProxyType(dict(data["ages"])),
+        node_gpus=MappingProxyType(dict(data["gpus"])),
+        gpu_limit_watts=MappingProxyType(dict(data["limits"])),
+        parts=MappingProxyType(parts),
+        prometheus_up=not any(isinstance(outcome, QueryError) for outcome in outcomes.values()),
+    )
+
+
+class Refresher:
+    """Owns the current Snapshot and keeps it fresh from a daemon thread.
+
+    `snapshot` is replaced whole (one attribute assignment), so readers on other threads
+    need no lock. Refreshes never overlap: the background loop and `refresh_now` take turns.
+    """
+
+    def __init__(
+        self,
+        settings: DeciderConfig,
+        *,
+        window_seconds: float = FRESH_WINDOW_S,
+        on_refresh: Callable[[Snapshot], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.window_seconds = window_seconds
+        self.on_refresh = on_refresh
+        self._clock = clock
+        self._settings = settings
+        self._reader = PrometheusReader.from_settings(settings.prometheus)
+        self.snapshot = Snapshot()
+        self._refreshing = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._next_due = 0.0  # time.monotonic() of the next background refresh
+        self._was_up: bool | None = None
+
+    @property
+    def settings(self) -> DeciderConfig:
+        return self._settings
+
+    @property
+    def running(self) -> bool:
+        """Whether the background thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Refresh at once, then every `refresh_interval`, on a daemon thread."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stopping.clear()
+        self._next_due = 0.0
+        self._thread = threading.Thread(target=self._run, name="prometheus-refresher", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread and wait for it; a refresh in flight is cancelled, not awaited."""
+        self._stopping.set()
+        self._wake.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                log.warning("the Prometheus refresher did not stop within %gs", timeout)
+
+    def refresh_now(self) -> Snapshot:
+        """Refresh synchronously (at reload, in tests) and return the new snapshot."""
+        return self._refresh(cancel=None)
+
+    def reconfigure(self, settings: DeciderConfig) -> None:
+        """Use a reloaded config: a new reader if the Prometheus settings changed, and the
+        new interval from the next wait on."""
+        with self._refreshing:
+            old = self._settings
+            self._settings = settings
+            if settings.prometheus != old.prometheus:
+                self._reader.close()
+                self._reader = PrometheusReader.from_settings(settings.prometheus)
+                self._was_up = None  # a new Prometheus: log its state afresh
+            self._next_due = min(self._next_due, time.monotonic() + settings.refresh_interval)
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            left = self._next_due - time.monotonic()
+            if left > 0:
+                self._wake.wait(left)
+                self._wake.clear()
+                continue
+            self._refresh(cancel=self._stopping)
+
+    def _refresh(self, cancel: threading.Event | None) -> Snapshot:
+        with self._refreshing:
+            self._next_due = time.monotonic() + self._settings.refresh_interval
+            snapshot = refresh(
+                self.snapshot, self._reader, self.window_seconds, self._clock(), cancel=cancel
+            )
+            if cancel is not None and cancel.is_set():
+                return self.snapshot  # stopping: a cancelled refresh is not news
+            self.snapshot = snapshot
+            self._log_change(snapshot)
+            if self.on_refresh is not None:
+                try:
+                    self.on_refresh(snapshot)
+                except Exception:
+                    log.exception("on_refresh callback failed")
+            return snapshot
+
+    def _log_change(self, snapshot: Snapshot) -> None:
+        if snapshot.prometheus_up == self._was_up:
+            return
+        url = self._reader.url
+        if snapshot.prometheus_up:
+            again = " again" if self._was_up is False else ""
+            log.info("Prometheus at %s answers every query%s", url, again)
+        else:
+            errors = [part.error for part in snapshot.parts.values() if part.error]
+            log.warning(
+                "Prometheus at %s: queries fail, their parts keep their last data until it "
+                "is stale: %s",
+                url,
+                "; ".join(error for error in errors if error),
+            )
+        self._was_up = snapshot.prometheus_up

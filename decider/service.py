@@ -1,0 +1,156 @@
+"""The running decider: configuration, database, snapshot refresher, expiry sweeper, and the
+reload that swaps a new configuration in whole or keeps the old one (DESIGN.md §5)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from prometheus_client import CollectorRegistry, disable_created_metrics
+
+from decider import config as decider_config
+from decider import facility as facility_file
+from decider.config import DeciderConfig
+from decider.facility import Facility
+from decider.metrics import DecisionCounters, DomainCollector
+from decider.prometheus import Refresher
+from decider.state import State
+from decider.store import Store
+from exporter.yamlfile import ConfigError
+
+log = logging.getLogger(__name__)
+
+#: How often unconfirmed reservations past their TTL are dropped.
+SWEEP_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True)
+class Loaded:
+    config: DeciderConfig
+    facility: Facility
+    token: str | None
+
+
+def read_token(path: Path) -> str:
+    """The bearer token: the file's first line, stripped. Raises ConfigError."""
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(path, [f"1: cannot read the token file: {exc}"]) from exc
+    if not token or "\n" in token or len(token) < 16:
+        raise ConfigError(path, ["1: the token must be one line of at least 16 characters"])
+    return token
+
+
+def load_all(config_path: Path) -> Loaded:
+    """decider.yaml, then the facility file and the token it names: all or nothing.
+
+    Raises ConfigError; with several bad files, every problem of every file at once."""
+    config = decider_config.load(config_path)
+    errors: list[ConfigError] = []
+    facility: Facility | None = None
+    token: str | None = None
+    try:
+        facility = facility_file.load(config.facility)
+    except ConfigError as exc:
+        errors.append(exc)
+    if config.token_file is not None:
+        try:
+            token = read_token(config.token_file)
+        except ConfigError as exc:
+            errors.append(exc)
+    if errors:
+        raise ConfigError(config_path, [f"0: {error}".replace("\n", "\n    ") for error in errors])
+    assert facility is not None
+    return Loaded(config, facility, token)
+
+
+class Service:
+    def __init__(self, config_path: Path, loaded: Loaded) -> None:
+        self.config_path = config_path
+        self.loaded = loaded
+        config = loaded.config
+        self.store = Store(config.database)
+        self.state = State(loaded.facility, self.store, config.reservation_ttl, config.staleness)
+        self.refreshed_once = False
+        self.refresher = Refresher(
+            config, window_seconds=config.staleness.readings, on_refresh=self._on_refresh
+        )
+        disable_created_metrics()  # `_created` series say nothing an operator reads
+        self.registry = CollectorRegistry()
+        self.counters = DecisionCounters(self.registry)
+        self.registry.register(DomainCollector(self.state.view))
+        self._reload_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._sweeper = threading.Thread(target=self._sweep, name="reservation-expiry", daemon=True)
+        self._templates = Environment(
+            loader=PackageLoader("decider"), autoescape=select_autoescape(["html", "j2"])
+        )
+
+    @property
+    def token(self) -> str | None:
+        return self.loaded.token
+
+    def start(self) -> None:
+        self.refresher.start()
+        self._sweeper.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.refresher.stop()
+        self._sweeper.join(timeout=5)
+        self.store.close()
+
+    def _on_refresh(self, snapshot: object) -> None:
+        self.state.set_snapshot(self.refresher.snapshot)
+        self.refreshed_once = True
+
+    def _sweep(self) -> None:
+        while not self._stopping.wait(SWEEP_INTERVAL_S):
+            try:
+                self.state.expire()
+            except Exception:  # a full disk must not end expiry for good
+                log.exception("expiring reservations failed; retrying")
+
+    def reload(self) -> list[str]:
+        """Re-read every file; apply all of it, or on any problem none of it (the problems)."""
+        with self._reload_lock:
+            try:
+                loaded = load_all(self.config_path)
+            except ConfigError as exc:
+                problems = str(exc).splitlines()
+                log.error("reload refused, the running configuration stays:\n%s", exc)
+                return problems
+            old = self.loaded.config
+            unchanged = ("listen", "database")
+            ignored = [
+                name for name in unchanged if getattr(old, name) != getattr(loaded.config, name)
+            ]
+            self.loaded = loaded
+            self.state.set_facility(
+                loaded.facility, loaded.config.reservation_ttl, loaded.config.staleness
+            )
+            self.refresher.window_seconds = loaded.config.staleness.readings
+            self.refresher.reconfigure(loaded.config)
+            for name in ignored:
+                log.warning("reload: %s changed; it takes effect at the next restart", name)
+            log.info("reloaded %s and %s", self.config_path, loaded.config.facility)
+            return []
+
+    def render_status_page(self) -> str:
+        view = self.state.view()
+        from decider.api import domain_json  # the page shows what the API returns
+
+        racks = [domain_json(view, ref) for ref in sorted(view.domain_refs)]
+        return self._templates.get_template("status.html.j2").render(
+            domains=racks,
+            mode=view.mode,
+            missing=view.missing,
+            prometheus_up=view.snapshot.prometheus_up,
+            age=view.snapshot.age_seconds(time.time()),
+            reservations=len(view.reservations),
+        )

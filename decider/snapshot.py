@@ -1,0 +1,103 @@
+"""What the decider knows of Prometheus: an immutable snapshot, replaced whole on each refresh.
+
+The refresher (`decider.prometheus`) reads the rules' series (docs/rules.md) in parts; each
+part keeps the time of its last successful read, so one failing query ages that part alone.
+A part is used only while it is younger than its staleness limit (decider.yaml
+`staleness`); an older part counts as missing, and the answers say so (DESIGN.md §5:
+missing data never blocks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+from decider.facility import DomainRef
+
+Condition = Literal["ok", "warm", "hot", "unknown"]
+
+#: The parts of a snapshot, each read by its own query, and what each one holds.
+PARTS: dict[str, str] = {
+    "membership": "which domains each node belongs to (llmgw:node_domain:membership)",
+    "inventory": "the known domains (llmgw_domain_info)",
+    "measured": "domain measured power (llmgw_domain_measured_watts)",
+    "conditions": "domain conditions (llmgw_domain_condition)",
+    "ages": "domain reading ages (llmgw_domain_reading_age_seconds)",
+    "gpus": "each node's GPU count (llmgw:node_gpus:count)",
+    "limits": "each node's enforced GPU power limit (llmgw_gpu_power_limit_watts)",
+}
+#: Parts that describe the site's layout and hardware: they change rarely and stay usable
+#: for `staleness.inventory`; the others are readings, usable for `staleness.readings`.
+INVENTORY_PARTS = frozenset({"membership", "inventory", "gpus", "limits"})
+
+
+def _empty() -> Mapping:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One part's data as last read, and when (Unix seconds; None: never read)."""
+
+    read_at: float | None = None
+    error: str | None = None  # why the last attempt failed; None when it succeeded
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything read from Prometheus. Mappings are read-only; a refresh builds a new one.
+
+    - `membership`: node → its domains (rack, pdus, row, room, site), sorted.
+    - `domains`: the known domains (inventory and every domain a node belongs to).
+    - `measured_watts`, `conditions`, `reading_ages`: per domain, only where read.
+    - `node_gpus`: physical GPUs per node; `gpu_limit_watts`: the node's largest enforced
+      GPU power limit.
+    - `parts`: per part of PARTS, when it was last read and the last error.
+    """
+
+    membership: Mapping[str, tuple[DomainRef, ...]] = field(default_factory=_empty)
+    domains: frozenset[DomainRef] = frozenset()
+    measured_watts: Mapping[DomainRef, float] = field(default_factory=_empty)
+    conditions: Mapping[DomainRef, Condition] = field(default_factory=_empty)
+    reading_ages: Mapping[DomainRef, float] = field(default_factory=_empty)
+    node_gpus: Mapping[str, int] = field(default_factory=_empty)
+    gpu_limit_watts: Mapping[str, float] = field(default_factory=_empty)
+    parts: Mapping[str, Part] = field(default_factory=lambda: {name: Part() for name in PARTS})
+    #: Whether the last refresh reached Prometheus and every query succeeded.
+    prometheus_up: bool = False
+
+    def read_at(self) -> float | None:
+        """When the oldest part was last read: the snapshot's age runs from here."""
+        times = [part.read_at for part in self.parts.values()]
+        if any(time is None for time in times):
+            return None
+        return min(time for time in times if time is not None)
+
+    def age_seconds(self, now: float) -> float | None:
+        """Seconds since the oldest part was read; None while some part was never read."""
+        read_at = self.read_at()
+        return None if read_at is None else max(0.0, now - read_at)
+
+    def fresh_parts(
+        self, now: float, readings_limit: float, inventory_limit: float
+    ) -> tuple[frozenset[str], tuple[str, ...]]:
+        """The parts usable now, and a sentence for each one that is not."""
+        fresh: set[str] = set()
+        missing: list[str] = []
+        for name, part in self.parts.items():
+            limit = inventory_limit if name in INVENTORY_PARTS else readings_limit
+            what = PARTS[name]
+            if part.read_at is None:
+                reason = f": {part.error}" if part.error else ""
+                missing.append(f"{what}: never read from Prometheus{reason}")
+            elif now - part.read_at > limit:
+                reason = f" ({part.error})" if part.error else ""
+                missing.append(
+                    f"{what}: last read {now - part.read_at:.0f}s ago, "
+                    f"older than its {limit:g}s limit{reason}"
+                )
+            else:
+                fresh.add(name)
+        return frozenset(fresh), tuple(missing)

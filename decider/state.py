@@ -1,0 +1,225 @@
+"""The decider's state: facility file, latest snapshot, reservations and holds.
+
+Writers (reservations, holds, refreshes, reloads) take one lock, write SQLite first, then
+swap in a new View; readers take `view()` without a lock. Check-and-reserve happens under
+the lock, so two concurrent reservations never both take the last room (DESIGN.md §5).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from decider.config import Staleness
+from decider.facility import DomainRef, Facility
+from decider.models import Replica, ReservationRequest
+from decider.placement import Verdict, judge, missing
+from decider.placement.view import View
+from decider.snapshot import INVENTORY_PARTS, Snapshot
+from decider.store import Hold, Reservation, Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReserveOutcome:
+    reservation: Reservation | None  # None: refused
+    verdict: Verdict | None  # None: an existing reservation was returned
+    created: bool
+    conflict: str | None = None  # the id exists with another node or replica
+    missing: tuple[str, ...] = ()
+
+
+class State:
+    def __init__(
+        self,
+        facility: Facility,
+        store: Store,
+        reservation_ttl: float,
+        staleness: Staleness,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._clock = clock
+        self.store = store
+        self._facility = facility
+        self._ttl = reservation_ttl
+        self._staleness = staleness
+        self._snapshot = Snapshot()
+        self._reservations = {r.id: r for r in store.reservations()}
+        self._holds = store.holds()
+        self._view = self._build()
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def view(self) -> View:
+        """The current view; rebuilt when a snapshot part has gone stale since it was built."""
+        view = self._view
+        if self._clock() >= self._valid_until:
+            with self._lock:
+                if self._clock() >= self._valid_until:
+                    self._view = self._build()
+                view = self._view
+        return view
+
+    @property
+    def facility(self) -> Facility:
+        return self._facility
+
+    def _build(self) -> View:
+        now = self._clock()
+        fresh, missing = self._snapshot.fresh_parts(
+            now, self._staleness.readings, self._staleness.inventory
+        )
+        ends = [
+            part.read_at
+            + (self._staleness.inventory if name in INVENTORY_PARTS else self._staleness.readings)
+            for name, part in self._snapshot.parts.items()
+            if name in fresh and part.read_at is not None
+        ]
+        self._valid_until = min(ends, default=math.inf)
+        return View(
+            facility=self._facility,
+            snapshot=self._snapshot,
+            now=now,
+            fresh=fresh,
+            missing=missing,
+            reservations=self._reservations,
+            holds=self._holds,
+        )
+
+    # --- changes from outside -----------------------------------------------------------------
+
+    def set_snapshot(self, snapshot: Snapshot) -> None:
+        with self._lock:
+            self._snapshot = snapshot
+            self._view = self._build()
+
+    def set_facility(
+        self, facility: Facility, reservation_ttl: float, staleness: Staleness
+    ) -> None:
+        with self._lock:
+            self._facility = facility
+            self._ttl = reservation_ttl
+            self._staleness = staleness
+            self._view = self._build()
+
+    # --- reservations -------------------------------------------------------------------------
+
+    def reserve(self, request: ReservationRequest) -> ReserveOutcome:
+        """Check the node and reserve in one step; StoreError if the database fails."""
+        replica = request.replica.model_dump(by_alias=True, exclude_none=True)
+        with self._lock:
+            view = self._view if self._clock() < self._valid_until else self._build()
+            existing = self._reservations.get(request.id)
+            if existing is not None:
+                if existing.node == request.node and existing.replica == replica:
+                    return ReserveOutcome(existing, None, created=False)
+                return ReserveOutcome(
+                    None,
+                    None,
+                    created=False,
+                    conflict=f"reservation {request.id!r} exists for node {existing.node} "
+                    "with another replica or node; DELETE it first",
+                )
+            verdict = judge(
+                view, request.replica, view.node(request.node), view.site_gpu_limit_watts
+            )
+            notes = tuple(missing(view, [verdict]))
+            if verdict.refusals and view.mode == "enforce":
+                return ReserveOutcome(None, verdict, created=False, missing=notes)
+            now = self._clock()
+            reservation = Reservation(
+                id=request.id,
+                node=request.node,
+                replica=replica,
+                estimate_watts=verdict.estimate.watts,
+                gpus=request.replica.gpus,
+                domains=view.membership(request.node) or (),
+                created_at=now,
+                expires_at=now + self._ttl,
+            )
+            if not self.store.add(reservation):  # cannot happen under the lock; be loud
+                raise RuntimeError(f"reservation {request.id!r} appeared in the database")
+            self._reservations = {**self._reservations, reservation.id: reservation}
+            self._view = self._build()
+            return ReserveOutcome(reservation, verdict, created=True, missing=notes)
+
+    def confirm(self, reservation_id: str) -> Reservation | None:
+        with self._lock:
+            existing = self._reservations.get(reservation_id)
+            if existing is None:
+                return None
+            if existing.confirmed_at is not None:
+                return existing
+            now = self._clock()
+            self.store.confirm(reservation_id, now)
+            confirmed = Reservation(
+                **{
+                    **{f: getattr(existing, f) for f in Reservation.__slots__},
+                    "expires_at": None,
+                    "confirmed_at": now,
+                }
+            )
+            self._reservations = {**self._reservations, reservation_id: confirmed}
+            self._view = self._build()
+            return confirmed
+
+    def release(self, reservation_id: str) -> bool:
+        with self._lock:
+            if reservation_id not in self._reservations:
+                return False
+            self.store.delete([reservation_id])
+            self._reservations = {
+                key: value for key, value in self._reservations.items() if key != reservation_id
+            }
+            self._view = self._build()
+            return True
+
+    def expire(self) -> list[str]:
+        """Drop unconfirmed reservations past their TTL; the ids dropped."""
+        now = self._clock()
+        with self._lock:
+            expired = [
+                r.id
+                for r in self._reservations.values()
+                if r.expires_at is not None and r.expires_at <= now
+            ]
+            if not expired:
+                return []
+            self.store.delete(expired)
+            gone = set(expired)
+            self._reservations = {k: v for k, v in self._reservations.items() if k not in gone}
+            self._view = self._build()
+        log.info("expired %d unconfirmed reservations: %s", len(expired), ", ".join(expired))
+        return expired
+
+    def reservations(self) -> list[Reservation]:
+        return sorted(self._reservations.values(), key=lambda r: (r.created_at, r.id))
+
+    # --- holds --------------------------------------------------------------------------------
+
+    def hold(self, domain: DomainRef, reason: str) -> Hold:
+        with self._lock:
+            hold = Hold(domain, reason, self._clock())
+            self.store.hold(hold)
+            self._holds = {**self._holds, domain: hold}
+            self._view = self._build()
+            return hold
+
+    def release_hold(self, domain: DomainRef) -> bool:
+        with self._lock:
+            if domain not in self._holds:
+                return False
+            self.store.release(domain)
+            self._holds = {key: value for key, value in self._holds.items() if key != domain}
+            self._view = self._build()
+            return True
+
+
+def replica_from(reservation: Reservation) -> Replica:
+    return Replica.model_validate(reservation.replica)

@@ -1,0 +1,762 @@
+"""The decider's snapshot refresher (decider/prometheus.py) over real HTTP.
+
+- A fake Prometheus served here answers each query as a test says: correctly, slowly,
+  with garbage, with an HTTP error, with JSON of the wrong shape or values that are not
+  numbers, or one query failing while the others answer. Whatever it does, `refresh`
+  returns within the query's bounded time, never raises, and keeps the previous data of
+  every part whose query failed, saying which query failed and why.
+- End to end, a real Prometheus and a real VictoriaMetrics (Debian's binaries, see
+  tests/promstack.py) scrape a static exporter served here that publishes the rules'
+  output series directly, and the refresher reads them back into the expected Snapshot,
+  ignoring a sample older than its window that an instant query would still return.
+- The `Refresher` thread: starts at once, refreshes every interval, stops promptly even
+  mid-query, serves its last snapshot (which ages) while Prometheus is down, logs once per
+  change of state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import MappingProxyType
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+import requests
+
+from decider import promql
+from decider.config import DeciderConfig
+from decider.facility import DomainRef
+from decider.prometheus import (
+    QUERIES,
+    PrometheusReader,
+    Refresher,
+    queries,
+    refresh,
+)
+from decider.snapshot import PARTS, Snapshot
+from tests.promstack import Server, free_port, prometheus, victoria_metrics
+
+TIMEOUT_S = 0.3
+RETRIES = 1
+WINDOW_S = 90.0
+#: What a refresh may take on top of timeout × attempts: thread start-up, a loaded CI box.
+MARGIN_S = 1.0
+BOUND_S = TIMEOUT_S * (RETRIES + 1) + MARGIN_S
+T0 = 1_700_000_000.0
+#: Deadline for anything awaited by polling.
+DEADLINE_S = 30.0
+
+#: The series each part's query reads, as named in its error messages.
+SERIES = {
+    "membership": "llmgw:node_domain:membership",
+    "inventory": "llmgw_domain_info",
+    "measured": "llmgw_domain_measured_watts",
+    "conditions": "llmgw_domain_condition",
+    "ages": "llmgw_domain_reading_age_seconds",
+    "gpus": "llmgw:node_gpus:count",
+    "limits": "llmgw_gpu_power_limit_watts",
+}
+
+
+def rack(name: str) -> DomainRef:
+    return DomainRef("rack", name)
+
+
+def pdu(name: str) -> DomainRef:
+    return DomainRef("pdu", name)
+
+
+def row(name: str) -> DomainRef:
+    return DomainRef("row", name)
+
+
+# --- the fake Prometheus -------------------------------------------------------------------
+
+
+@dataclass
+class Reply:
+    """How the fake answers a query."""
+
+    status: int = 200
+    body: bytes = b""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    #: Hold the answer this long (or until the test ends).
+    delay_s: float = 0.0
+    #: Send the headers, then a byte every 0.1 s until the test ends: never a whole answer.
+    trickle: bool = False
+
+
+def vector(*series: tuple[Mapping[str, str], Any]) -> Reply:
+    result = [{"metric": dict(labels), "value": [T0, value]} for labels, value in series]
+    body = {"status": "success", "data": {"resultType": "vector", "result": result}}
+    return Reply(body=json.dumps(body).encode())
+
+
+def json_reply(payload: Any, status: int = 200) -> Reply:
+    return Reply(status=status, body=json.dumps(payload).encode())
+
+
+class FakePrometheus:
+    """`/api/v1/query` on a loopback port; `replies` picks the answer by the series queried."""
+
+    def __init__(self) -> None:
+        self.default = Reply(status=404, body=b"no reply set")
+        self.replies: dict[str, Reply] = {}
+        self.queries: list[str] = []
+        self.asked = threading.Event()
+        self.release = threading.Event()
+        self._lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                url = urlparse(self.path)
+                query = parse_qs(url.query).get("query", [""])[0]
+                reply = fake.reply_for(query) if url.path == "/api/v1/query" else Reply(404)
+                with contextlib.suppress(OSError):  # the client gave up: nobody to answer
+                    self.answer(reply)
+
+            def answer(self, reply: Reply) -> None:
+                if reply.delay_s:
+                    fake.release.wait(reply.delay_s)
+                self.send_response(reply.status)
+                self.send_header("Content-Type", "application/json")
+                for name, value in reply.headers.items():
+                    self.send_header(name, value)
+                if reply.trickle:
+                    self.send_header("Content-Length", "100000")
+                    self.end_headers()
+                    while not fake.release.wait(0.1):
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+                    return
+                self.send_header("Content-Length", str(len(reply.body)))
+                self.end_headers()
+                self.wfile.write(reply.body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+
+    def reply_for(self, query: str) -> Reply:
+        with self._lock:
+            self.queries.append(query)
+        self.asked.set()
+        for series, reply in self.replies.items():
+            if f"{series}[" in query:
+                return reply
+        return self.default
+
+    def answer(self, replies: Mapping[str, Reply], default: Reply | None = None) -> None:
+        """Answer a query of `series` with `replies[series]`, any other with `default`."""
+        self.replies = dict(replies)
+        if default is not None:
+            self.default = default
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(timeout=5)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakePrometheus]:
+    server = FakePrometheus()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def reader(fake: FakePrometheus) -> Iterator[PrometheusReader]:
+    client = PrometheusReader(fake.url, TIMEOUT_S, RETRIES)
+    yield client
+    client.close()
+
+
+# --- a correct answer ----------------------------------------------------------------------
+
+
+def good_answers(watts: float = 5400.0) -> dict[str, Reply]:
+    """Every series, as the rules would write them, `watts` for rack r1."""
+
+    def domain(kind: str, name: str, **more: str) -> dict[str, str]:
+        return {"kind": kind, "domain": name, **more}
+
+    def condition(kind: str, name: str, state: str) -> tuple[dict[str, str], str]:
+        return domain(kind, name, condition=state), "1"
+
+    return {
+        SERIES["membership"]: vector(
+            ({"node": "n1", **domain("rack", "r1")}, "1"),
+            ({"node": "n1", **domain("pdu", "r1-a")}, "1"),  # n1 is dual-fed
+            ({"node": "n1", **domain("pdu", "r1-b")}, "1"),
+            ({"node": "n1", **domain("row", "12")}, "1"),
+            ({"node": "n2", **domain("rack", "r1")}, "1"),
+            ({"node": "n2", **domain("pdu", "r1-a")}, "1"),
+            ({"node": "n3", **domain("chassis", "c1")}, "1"),  # not a domain kind: ignored
+            (domain("rack", "r9"), "1"),  # no node: ignored
+        ),
+        SERIES["inventory"]: vector(
+            (domain("rack", "r1"), "1"), (domain("rack", "r2"), "1"), (domain("row", "12"), "1")
+        ),
+        SERIES["measured"]: vector(
+            (domain("rack", "r1"), str(watts)), (domain("pdu", "r1-a"), "3000.5")
+        ),
+        SERIES["conditions"]: vector(
+            condition("rack", "r1", "warm"),
+            condition("rack", "r1", "hot"),  # two at once: the worse counts
+            condition("rack", "r2", "unknown"),
+            condition("rack", "r2", "ok"),
+            condition("pdu", "r1-a", "ok"),
+            condition("row", "12", "unknown"),
+        ),
+        SERIES["ages"]: vector((domain("rack", "r1"), "3.5"), (domain("row", "12"), "40")),
+        SERIES["gpus"]: vector(({"node": "n1"}, "8"), ({"node": "n2"}, "4")),
+        SERIES["limits"]: vector(({"node": "n1"}, "700"), ({"node": "n2"}, "350")),
+    }
+
+
+def assert_good(snapshot: Snapshot, watts: float = 5400.0) -> None:
+    assert snapshot.membership == {
+        "n1": (pdu("r1-a"), pdu("r1-b"), rack("r1"), row("12")),
+        "n2": (pdu("r1-a"), rack("r1")),
+    }
+    assert snapshot.domains == {rack("r1"), rack("r2"), row("12"), pdu("r1-a"), pdu("r1-b")}
+    assert snapshot.measured_watts == {rack("r1"): watts, pdu("r1-a"): 3000.5}
+    assert snapshot.conditions == {
+        rack("r1"): "hot",
+        rack("r2"): "ok",
+        pdu("r1-a"): "ok",
+        row("12"): "unknown",
+    }
+    assert snapshot.reading_ages == {rack("r1"): 3.5, row("12"): 40.0}
+    assert snapshot.node_gpus == {"n1": 8, "n2": 4}
+    assert all(type(count) is int for count in snapshot.node_gpus.values())
+    assert snapshot.gpu_limit_watts == {"n1": 700.0, "n2": 350.0}
+
+
+def good_baseline(fake: FakePrometheus, reader: PrometheusReader) -> Snapshot:
+    fake.answer(good_answers())
+    baseline = refresh(Snapshot(), reader, WINDOW_S, T0)
+    assert baseline.prometheus_up, baseline.parts
+    return baseline
+
+
+def same_data(snapshot: Snapshot, other: Snapshot) -> bool:
+    names = ("membership", "domains", "measured_watts", "conditions", "reading_ages")
+    names += ("node_gpus", "gpu_limit_watts")
+    return all(getattr(snapshot, name) == getattr(other, name) for name in names)
+
+
+def test_the_queries_read_only_fresh_samples_in_plain_promql():
+    for part, text in queries(90).items():
+        promql.check(text)
+        assert f"last_over_time({SERIES[part]}[90s])" in text
+        assert "@" not in text and ":]" not in text  # no @ modifier, no subquery
+    assert queries(0.5)["gpus"] == "last_over_time(llmgw:node_gpus:count[500ms])"
+    assert queries(120)["conditions"] == "last_over_time(llmgw_domain_condition[2m]) == 1"
+    assert queries(60)["limits"] == (
+        "max by (node) (last_over_time(llmgw_gpu_power_limit_watts[1m]))"
+    )
+    assert QUERIES.keys() == PARTS.keys()
+
+
+def test_a_correct_answer_becomes_the_expected_snapshot(fake, reader):
+    fake.answer(good_answers())
+    snapshot = refresh(Snapshot(), reader, WINDOW_S, T0)
+
+    assert sorted(fake.queries) == sorted(queries(WINDOW_S).values())
+    assert snapshot.prometheus_up
+    assert_good(snapshot)
+    assert {name: part.read_at for name, part in snapshot.parts.items()} == dict.fromkeys(PARTS, T0)
+    notes = {name: part.error for name, part in snapshot.parts.items() if part.error}
+    assert notes.keys() == {"membership"}, notes
+    assert "ignored 2 series" in notes["membership"]
+    assert 'kind "chassis"' in notes["membership"] or "'chassis'" in notes["membership"]
+    assert snapshot.age_seconds(T0 + 5) == 5
+
+
+def test_the_snapshot_is_read_only(fake, reader):
+    fake.answer(good_answers())
+    snapshot = refresh(Snapshot(), reader, WINDOW_S, T0)
+    for name in ("membership", "measured_watts", "conditions", "reading_ages", "node_gpus"):
+        mapping = getattr(snapshot, name)
+        assert isinstance(mapping, MappingProxyType), name
+        with pytest.raises(TypeError):
+            mapping["x"] = 1
+    assert isinstance(snapshot.parts, MappingProxyType)
+    assert isinstance(snapshot.domains, frozenset)
+
+
+# --- misbehaving servers -------------------------------------------------------------------
+
+
+def error_body(kind: str, error: str) -> dict[str, str]:
+    return {"status": "error", "errorType": kind, "error": error}
+
+
+def bad_values(value: Any) -> Reply:
+    labels = {"node": "n1", "kind": "rack", "domain": "r1", "condition": "hot"}
+    return vector((labels, value))
+
+
+def bad_series(item: Any) -> Reply:
+    return json_reply({"status": "success", "data": {"resultType": "vector", "result": [item]}})
+
+
+#: mode → (how every query is answered, what the error says)
+FAILURES: dict[str, tuple[Reply, str]] = {
+    "slower than the timeout": (Reply(delay_s=DEADLINE_S), "no answer"),
+    "garbage body": (Reply(body=b"<html>Bad Gateway</html>"), "not JSON"),
+    "empty body": (Reply(body=b""), "not JSON"),
+    "HTTP 500": (Reply(status=500, body=b"boom"), "HTTP error"),
+    "HTTP 503 asking to retry in an hour": (
+        Reply(status=503, headers={"Retry-After": "3600"}),
+        "HTTP error",
+    ),
+    "HTTP 400 bad_data": (
+        json_reply(error_body("bad_data", "parse error at char 3"), status=400),
+        "HTTP Status Code 400",
+    ),
+    "HTTP 422 execution": (
+        json_reply(error_body("execution", "too many samples"), status=422),
+        "too many samples",
+    ),
+    "JSON array": (json_reply([]), "not a Prometheus query response"),
+    "JSON error status with 200": (
+        json_reply(error_body("internal", "oops")),
+        "not a Prometheus query response",
+    ),
+    "JSON string data": (json_reply({"status": "success", "data": "x"}), "not a Prometheus"),
+    "scalar result": (
+        json_reply({"status": "success", "data": {"resultType": "scalar", "result": [1, "2"]}}),
+        "series 0 has no `metric`",
+    ),
+    "result not a list": (
+        json_reply({"status": "success", "data": {"resultType": "vector", "result": {}}}),
+        "not an instant vector",
+    ),
+    "series without metric": (bad_series({"value": [T0, "1"]}), "no `metric`"),
+    "labels not strings": (bad_series({"metric": {"node": 1}, "value": [T0, "1"]}), "`metric`"),
+    "value not a pair": (bad_series({"metric": {"node": "n1"}, "value": "1"}), "`value`"),
+    "NaN value": (bad_values("NaN"), "not a finite number"),
+    "infinite value": (bad_values("+Inf"), "not a finite number"),
+    "text value": (bad_values("lots"), "not a finite number"),
+    "null value": (bad_values(None), "not a finite number"),
+    "boolean value": (bad_values(True), "not a finite number"),
+}
+
+
+def assert_kept(snapshot: Snapshot, baseline: Snapshot, failed: set[str], fragment: str) -> None:
+    assert not snapshot.prometheus_up
+    for name, part in snapshot.parts.items():
+        if name not in failed:
+            continue
+        assert part.read_at == baseline.parts[name].read_at, name
+        assert part.error is not None, name
+        assert part.error.startswith(f"{name} query `"), part.error
+        assert SERIES[name] in part.error, part.error
+        assert fragment in part.error, part.error
+        assert "\n" not in part.error
+
+
+@pytest.mark.parametrize("mode", FAILURES)
+def test_a_misbehaving_prometheus_keeps_the_previous_data(fake, reader, mode):
+    baseline = good_baseline(fake, reader)
+    reply, fragment = FAILURES[mode]
+    fake.answer({}, default=reply)
+    fake.queries.clear()
+
+    started = time.monotonic()
+    snapshot = refresh(baseline, reader, WINDOW_S, T0 + 60)
+    elapsed = time.monotonic() - started
+
+    assert elapsed < BOUND_S, f"{mode}: {elapsed:.2f}s"
+    assert_kept(snapshot, baseline, set(PARTS), fragment)
+    assert same_data(snapshot, baseline)
+    assert snapshot.age_seconds(T0 + 60) == 60
+    if reply.status >= 500:  # retried, and only as often as configured
+        assert len(fake.queries) == len(PARTS) * (RETRIES + 1)
+
+
+def test_a_refused_connection_keeps_the_previous_data(fake, reader):
+    baseline = good_baseline(fake, reader)
+    closed = PrometheusReader(f"http://127.0.0.1:{free_port()}", TIMEOUT_S, RETRIES)
+
+    started = time.monotonic()
+    snapshot = refresh(baseline, closed, WINDOW_S, T0 + 60)
+    elapsed = time.monotonic() - started
+
+    assert elapsed < BOUND_S
+    assert_kept(snapshot, baseline, set(PARTS), "cannot reach")
+    assert same_data(snapshot, baseline)
+
+
+def test_an_answer_that_never_completes_is_given_up_on_within_the_budget(fake, reader):
+    baseline = good_baseline(fake, reader)
+    fake.answer({}, default=Reply(trickle=True))
+
+    started = time.monotonic()
+    snapshot = refresh(baseline, reader, WINDOW_S, T0 + 60)
+    elapsed = time.monotonic() - started
+
+    assert elapsed < reader.budget_s + MARGIN_S
+    assert_kept(snapshot, baseline, set(PARTS), "no answer within")
+    assert same_data(snapshot, baseline)
+
+
+def test_one_failing_query_ages_its_part_alone(fake, reader):
+    baseline = good_baseline(fake, reader)
+    answers = good_answers(watts=6100.0)
+    answers[SERIES["conditions"]] = Reply(status=500, body=b"boom")
+    answers[SERIES["gpus"]] = bad_values("NaN")
+    fake.answer(answers)
+
+    snapshot = refresh(baseline, reader, WINDOW_S, T0 + 60)
+
+    assert_kept(snapshot, baseline, {"conditions"}, "HTTP error")
+    assert_kept(snapshot, baseline, {"gpus"}, "not a finite number")
+    assert snapshot.conditions == baseline.conditions
+    assert snapshot.node_gpus == baseline.node_gpus
+    assert snapshot.measured_watts[rack("r1")] == 6100.0
+    for name in set(PARTS) - {"conditions", "gpus"}:
+        assert snapshot.parts[name].read_at == T0 + 60, name
+    assert snapshot.age_seconds(T0 + 60) == 60  # the oldest part
+    fresh, missing = snapshot.fresh_parts(T0 + 150, readings_limit=60, inventory_limit=3600)
+    assert "conditions" not in fresh and "gpus" in fresh
+    assert any("domain conditions" in line and "HTTP error" in line for line in missing)
+
+
+def test_a_part_never_read_stays_unread_when_its_query_fails(fake, reader):
+    answers = good_answers()
+    answers[SERIES["limits"]] = Reply(status=500)
+    fake.answer(answers)
+
+    snapshot = refresh(Snapshot(), reader, WINDOW_S, T0)
+
+    assert snapshot.parts["limits"].read_at is None
+    assert snapshot.gpu_limit_watts == {}
+    assert snapshot.node_gpus == {"n1": 8, "n2": 4}
+    assert snapshot.age_seconds(T0) is None
+    _, missing = snapshot.fresh_parts(T0, readings_limit=60, inventory_limit=3600)
+    assert len(missing) == 1 and "never read" in missing[0] and "limits query" in missing[0]
+
+
+def test_refresh_never_raises_even_when_no_query_can_be_made(fake, reader):
+    baseline = good_baseline(fake, reader)
+    snapshot = refresh(baseline, reader, 0.0001, T0 + 60)  # not a PromQL duration
+    assert_kept(snapshot, baseline, set(), "")
+    assert same_data(snapshot, baseline)
+    assert all(
+        "shorter than a millisecond" in (part.error or "") for part in snapshot.parts.values()
+    )
+
+
+# --- the Refresher -------------------------------------------------------------------------
+
+
+def settings(url: str, *, interval: float = 60.0, timeout: float = TIMEOUT_S) -> DeciderConfig:
+    return DeciderConfig.model_validate(
+        {
+            "prometheus": {"url": url, "timeout": timeout, "retries": RETRIES},
+            "refresh_interval": interval,
+        }
+    )
+
+
+class Refreshes:
+    """Every snapshot `on_refresh` gets, and a way to wait for the n-th."""
+
+    def __init__(self) -> None:
+        self.seen: list[Snapshot] = []
+        self._arrived = threading.Condition()
+
+    def __call__(self, snapshot: Snapshot) -> None:
+        with self._arrived:
+            self.seen.append(snapshot)
+            self._arrived.notify_all()
+
+    def wait_for(self, count: int, timeout_s: float = DEADLINE_S) -> Snapshot:
+        with self._arrived:
+            if not self._arrived.wait_for(lambda: len(self.seen) >= count, timeout_s):
+                raise TimeoutError(f"{len(self.seen)} of {count} refreshes in {timeout_s}s")
+            return self.seen[count - 1]
+
+
+@pytest.fixture
+def refreshes() -> Refreshes:
+    return Refreshes()
+
+
+def test_the_refresher_starts_at_once_and_stops_promptly(fake, refreshes):
+    fake.answer(good_answers())
+    refresher = Refresher(settings(fake.url, interval=60), on_refresh=refreshes)
+    refresher.start()
+    try:
+        first = refreshes.wait_for(1)
+    finally:
+        started = time.monotonic()
+        refresher.stop()
+        stopped_in = time.monotonic() - started
+    assert stopped_in < 1.0
+    assert not refresher.running
+    assert refresher.snapshot is first
+    assert_good(first)
+
+
+def test_the_refresher_refreshes_every_interval(fake, refreshes):
+    fake.answer(good_answers())
+    refresher = Refresher(settings(fake.url, interval=0.1), on_refresh=refreshes)
+    refresher.start()
+    try:
+        refreshes.wait_for(3)
+    finally:
+        refresher.stop()
+    assert all(snapshot.prometheus_up for snapshot in refreshes.seen)
+
+
+def test_stop_cancels_a_refresh_in_flight(fake, refreshes):
+    fake.answer({}, default=Reply(delay_s=DEADLINE_S))
+    refresher = Refresher(settings(fake.url, timeout=20), on_refresh=refreshes)
+    refresher.start()
+    try:
+        assert fake.asked.wait(DEADLINE_S)
+    finally:
+        started = time.monotonic()
+        refresher.stop()
+        stopped_in = time.monotonic() - started
+    assert stopped_in < 1.0
+    assert not refresher.running
+    assert refreshes.seen == []  # a cancelled refresh is not published
+
+
+def test_reconfigure_takes_a_new_url_and_interval(fake, refreshes):
+    closed = f"http://127.0.0.1:{free_port()}"
+    refresher = Refresher(settings(closed, interval=60), on_refresh=refreshes)
+    refresher.start()
+    try:
+        assert not refreshes.wait_for(1).prometheus_up
+        fake.answer(good_answers())
+        # A shorter interval wakes the waiting thread: the next refreshes come at once.
+        refresher.reconfigure(settings(fake.url, interval=0.1))
+        assert refreshes.wait_for(3).prometheus_up
+    finally:
+        refresher.stop()
+    assert refresher.settings.prometheus.url == fake.url
+
+
+def test_a_down_prometheus_leaves_the_last_snapshot_serving_and_ageing(fake, caplog):
+    now = [T0]
+    fake.answer(good_answers())
+    refresher = Refresher(settings(fake.url), clock=lambda: now[0])
+    caplog.set_level(logging.INFO, logger="decider.prometheus")
+
+    good = refresher.refresh_now()
+    assert good.prometheus_up and refresher.snapshot is good
+
+    fake.answer({}, default=Reply(status=503))
+    for step in (1, 2, 3):
+        now[0] = T0 + 100 * step
+        down = refresher.refresh_now()
+        assert refresher.snapshot is down
+        assert not down.prometheus_up
+        assert same_data(down, good)
+        assert down.age_seconds(now[0]) == 100 * step
+    fresh, missing = down.fresh_parts(now[0], readings_limit=120, inventory_limit=3600)
+    assert fresh == {"membership", "inventory", "gpus", "limits"}
+    assert len(missing) == 3 and all("HTTP error" in line for line in missing)
+
+    fake.answer(good_answers(watts=7000.0))
+    now[0] = T0 + 400
+    back = refresher.refresh_now()
+    assert back.prometheus_up and back.measured_watts[rack("r1")] == 7000.0
+
+    messages = [
+        (record.levelname, record.getMessage())
+        for record in caplog.records
+        if record.name == "decider.prometheus"
+    ]
+    assert [level for level, _ in messages] == ["INFO", "WARNING", "INFO"], messages
+    assert "HTTP error" in messages[1][1] and fake.url in messages[1][1]
+    assert "again" in messages[2][1]
+
+
+def test_a_failing_callback_does_not_stop_the_refresher(fake, caplog):
+    def broken(snapshot: Snapshot) -> None:
+        raise RuntimeError("callback broke")
+
+    fake.answer(good_answers())
+    refresher = Refresher(settings(fake.url), on_refresh=broken)
+    assert refresher.refresh_now().prometheus_up
+    assert refresher.snapshot.prometheus_up
+    assert any("on_refresh" in record.getMessage() for record in caplog.records)
+
+
+# --- end to end: real Prometheus and VictoriaMetrics ---------------------------------------
+
+#: How old the one deliberately stale sample is when the exporter starts: inside
+#: Prometheus's 5-minute instant lookback, outside the refresher's window.
+STALE_AGE_S = 120
+E2E_WINDOW_S = 30.0
+
+
+def exposition(stale_ms: int) -> bytes:
+    lines = [
+        'llmgw:node_domain:membership{node="n1",kind="rack",domain="r1"} 1',
+        'llmgw:node_domain:membership{node="n1",kind="pdu",domain="r1-a"} 1',
+        'llmgw:node_domain:membership{node="n1",kind="pdu",domain="r1-b"} 1',
+        'llmgw:node_domain:membership{node="n2",kind="rack",domain="r1"} 1',
+        'llmgw:node_domain:membership{node="n2",kind="pdu",domain="r1-a"} 1',
+        'llmgw_domain_info{kind="rack",domain="r1"} 1',
+        'llmgw_domain_info{kind="rack",domain="r2"} 1',
+        'llmgw_domain_measured_watts{kind="rack",domain="r1"} 5400',
+        'llmgw_domain_measured_watts{kind="pdu",domain="r1-a"} 3000.5',
+        'llmgw_domain_reading_age_seconds{kind="rack",domain="r1"} 3.5',
+        'llmgw:node_gpus:count{node="n1"} 8',
+        'llmgw:node_gpus:count{node="n2"} 4',
+        f'llmgw:node_gpus:count{{node="n9"}} 2 {stale_ms}',
+        'llmgw_gpu_power_limit_watts{node="n1",uuid="GPU-a"} 700',
+        'llmgw_gpu_power_limit_watts{node="n1",uuid="GPU-b"} 600',
+        'llmgw_gpu_power_limit_watts{node="n2",uuid="GPU-c"} 350',
+    ]
+    states = {("rack", "r1"): "warm", ("rack", "r2"): "unknown"}
+    for (kind, name), current in states.items():
+        for state in ("ok", "warm", "hot", "unknown"):
+            value = int(state == current)
+            labels = f'kind="{kind}",domain="{name}",condition="{state}"'
+            lines.append(f"llmgw_domain_condition{{{labels}}} {value}")
+    # pdu/r1-a mid-change, two states at 1: the worse one counts.
+    for state in ("ok", "hot"):
+        lines.append(f'llmgw_domain_condition{{kind="pdu",domain="r1-a",condition="{state}"}} 1')
+    return ("\n".join(lines) + "\n").encode()
+
+
+@pytest.fixture(scope="module")
+def static_exporter() -> Iterator[str]:
+    """host:port of a /metrics that publishes the rules' output series as they are."""
+    body = exposition(stale_ms=int((time.time() - STALE_AGE_S) * 1000))
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def engines(
+    static_exporter: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Server]]:
+    """Prometheus and VictoriaMetrics scraping the static exporter, started together so that
+    their first scrapes (5 to 10 s away: target discovery) are awaited once."""
+    targets = {"llmgw": [static_exporter]}
+    with ExitStack() as stack:
+        yield {
+            "prometheus": stack.enter_context(
+                prometheus(
+                    tmp_path_factory.mktemp("prometheus"), rule_files=[], scrape_targets=targets
+                )
+            ),
+            "victoria-metrics": stack.enter_context(
+                victoria_metrics(
+                    tmp_path_factory.mktemp("victoria-metrics"), scrape_targets=targets
+                )
+            ),
+        }
+
+
+@pytest.fixture(params=["prometheus", "victoria-metrics"])
+def engine(request: pytest.FixtureRequest, engines: dict[str, Server]) -> Server:
+    return engines[request.param]
+
+
+def poll(read: Callable[[], Snapshot], done: Callable[[Snapshot], bool]) -> Snapshot:
+    deadline = time.monotonic() + DEADLINE_S
+    snapshot = read()
+    while not done(snapshot) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        snapshot = read()
+    return snapshot
+
+
+def test_the_refresher_reads_a_real_server(engine: Server):
+    reader = PrometheusReader(engine.url, timeout=5.0, retries=1)
+    try:
+        snapshot = poll(
+            lambda: refresh(Snapshot(), reader, E2E_WINDOW_S, time.time()),
+            lambda snapshot: (
+                snapshot.prometheus_up
+                and len(snapshot.conditions) == 3
+                and all(len(getattr(snapshot, name)) == 2 for name in ("membership", "node_gpus"))
+                and len(snapshot.gpu_limit_watts) == 2
+                and snapshot.measured_watts.keys() == {rack("r1"), pdu("r1-a")}
+                and snapshot.reading_ages
+                and rack("r2") in snapshot.domains
+            ),
+        )
+    finally:
+        reader.close()
+
+    assert snapshot.prometheus_up, {name: part.error for name, part in snapshot.parts.items()}
+    assert all(part.error is None for part in snapshot.parts.values())
+    assert snapshot.membership == {
+        "n1": (pdu("r1-a"), pdu("r1-b"), rack("r1")),
+        "n2": (pdu("r1-a"), rack("r1")),
+    }
+    assert snapshot.domains == {rack("r1"), rack("r2"), pdu("r1-a"), pdu("r1-b")}
+    assert snapshot.measured_watts == {rack("r1"): 5400.0, pdu("r1-a"): 3000.5}
+    assert snapshot.conditions == {rack("r1"): "warm", rack("r2"): "unknown", pdu("r1-a"): "hot"}
+    assert snapshot.reading_ages == {rack("r1"): 3.5}
+    assert snapshot.node_gpus == {"n1": 8, "n2": 4}  # not n9: its sample is too old
+    assert snapshot.gpu_limit_watts == {"n1": 700.0, "n2": 350.0}
+    assert all(not math.isnan(value) for value in snapshot.measured_watts.values())
+
+
+def test_an_instant_query_would_have_served_the_stale_sample(engine: Server):
+    """Why the window: the plain selector still returns n9's two-minute-old sample."""
+    answer = requests.get(
+        f"{engine.url}/api/v1/query",
+        params={"query": 'llmgw:node_gpus:count{node="n9"}'},
+        timeout=5,
+    ).json()
+    assert [item["value"][1] for item in answer["data"]["result"]] == ["2"], answer
