@@ -68,23 +68,30 @@ class Decision:
     def as_json(self) -> dict[str, Any]:
         observe = self.mode == "observe"
         nodes = []
+        append = nodes.append
         for verdict in self.verdicts:
-            reasons = [reason for _, reason in verdict.refusals]
+            node = verdict.node
+            reasons = [reason for _, reason in verdict.refusals] if verdict.refusals else []
+            headroom = verdict.headroom_watts
             entry: dict[str, Any] = {
-                "node": verdict.node.node,
+                "node": node.node,
                 "allowed": observe or not reasons,
-                "estimate_watts": round(verdict.estimate.watts, 1),
+                "estimate_watts": verdict.estimate.watts,
                 "reasons": [] if observe else reasons,
-                "condition": verdict.node.condition,
-                "headroom_watts": None
-                if verdict.headroom_watts is None
-                else round(verdict.headroom_watts, 1),
+                "condition": node.condition,
+                "headroom_watts": headroom,
             }
             if observe:
                 entry["would_refuse"] = reasons
-            if verdict.key:
-                entry["scores"] = dict(zip(ORDER_KEYS, verdict.key, strict=True))
-            nodes.append(entry)
+            key = verdict.key
+            if key:
+                entry["scores"] = {
+                    "condition": key[0],
+                    "rack_room": key[1],
+                    "spread": key[2],
+                    "scheduler_order": key[3],
+                }
+            append(entry)
         return {
             "mode": self.mode,
             "order": self.order,
@@ -97,9 +104,16 @@ class Decision:
 ORDER_KEYS = (condition.name, rack_room.name, spread.name, "scheduler_order")
 
 
-def judge(view: View, replica: Replica, node: NodeState, site_limit: float | None) -> Verdict:
-    """Every filter on one node; the ordering key only if it is allowed."""
-    guess = estimate(replica, node, view.facility, site_limit)
+def judge(
+    view: View,
+    replica: Replica,
+    node: NodeState,
+    site_limit: float | None,
+    guess: Estimate | None = None,
+) -> Verdict:
+    """Every filter on one node (`guess`: its estimate, when the caller has it already)."""
+    if guess is None:
+        guess = estimate(replica, node, view.facility, site_limit)
     refusals = list(node.refusals)
     headroom = None if node.room is None else node.room - guess.watts
     if headroom is not None and headroom < 0:
@@ -113,23 +127,40 @@ def judge(view: View, replica: Replica, node: NodeState, site_limit: float | Non
 
 def decide(view: View, replica: Replica, candidates: list[str]) -> Decision:
     site_limit = view.site_gpu_limit_watts
-    verdicts = [judge(view, replica, view.node(name), site_limit) for name in candidates]
+    facility = view.facility
+    # Nodes of one hardware kind share an estimate: work it out once per kind.
+    estimates: dict[tuple[float | None, int | None], Estimate] = {}
+    verdicts = []
     tally: Counter[str] = Counter()
-    for verdict in verdicts:
-        tally.update({rule for rule, _ in verdict.refusals})
-    allowed = [(index, v) for index, v in enumerate(verdicts) if not v.refusals]
-    for index, verdict in allowed:
-        verdict.key = (
-            condition.score(verdict.node),
-            rack_room.score(verdict.node, verdict.estimate.watts),
-            spread.score(verdict.node, replica.model, view),
-            index,
-        )
+    allowed: list[Verdict] = []
+    for index, name in enumerate(candidates):
+        node = view.node(name)
+        kind = (node.gpu_limit_watts, node.gpus)
+        guess = estimates.get(kind)
+        if guess is None:
+            guess = estimates[kind] = estimate(replica, node, facility, site_limit)
+        verdict = judge(view, replica, node, site_limit, guess)
+        verdicts.append(verdict)
+        if verdict.refusals:
+            tally.update({rule for rule, _ in verdict.refusals})
+        else:
+            verdict.key = (
+                condition.score(node),
+                rack_room.score(node, guess.watts),
+                spread.score(node, replica.model, view),
+                index,
+            )
+            allowed.append(verdict)
     if view.mode == "observe":
         order = list(candidates)
     else:
-        order = [v.node.node for _, v in sorted(allowed, key=lambda item: item[1].key)]
+        allowed.sort(key=_by_key)
+        order = [verdict.node.node for verdict in allowed]
     return Decision(view.mode, verdicts, order, missing(view, verdicts), tally)
+
+
+def _by_key(verdict: Verdict) -> tuple[float, ...]:
+    return verdict.key
 
 
 def missing(view: View, verdicts: list[Verdict]) -> list[str]:

@@ -9,8 +9,6 @@ more (0), after every budgeted rack that still has room.
 
 from __future__ import annotations
 
-import math
-
 from decider.placement.view import NodeState
 
 name = "rack_room"
@@ -21,7 +19,8 @@ def replicas_left(node: NodeState, estimate_watts: float) -> int | None:
     rack = node.rack
     if rack is None or rack.room is None or estimate_watts <= 0:
         return None
-    return max(0, math.floor((rack.room - estimate_watts) / estimate_watts))
+    left = (rack.room - estimate_watts) // estimate_watts
+    return int(left) if left > 0 else 0
 
 
 def score(node: NodeState, estimate_watts: float) -> int:

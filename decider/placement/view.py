@@ -9,7 +9,7 @@ on first use, and shared by every request that reads the same view.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from decider.facility import DomainRef, Facility
@@ -22,7 +22,15 @@ CONDITION_RANK: dict[Condition, int] = {"hot": 3, "warm": 2, "ok": 1, "unknown":
 
 @dataclass(frozen=True, slots=True)
 class DomainState:
-    """One domain's figures in this view. Watts; None where there is no figure."""
+    """One domain's figures in this view. Watts; None where there is no figure.
+
+    Derived figures are worked out once, when the view builds the domain (`build`):
+    - `load`: the larger of reserved and measured, plus what no node reports (DESIGN.md §5);
+      `load_basis` says which of the two it is;
+    - `room`: watts left under the limit (negative: past it); None without a budget;
+    - `headroom`: watts left under the cap itself (what /metrics publishes);
+    - `refusals`: (rule, reason) of the rules that need no estimate (held, hot, over_cap).
+    """
 
     ref: DomainRef
     cap: float | None  # the facility file's cap (DESIGN.md §5); None: no budget
@@ -33,29 +41,51 @@ class DomainState:
     condition: Condition
     reading_age: float | None
     held: Hold | None
+    load: float = 0.0
+    load_basis: str = "reserved"
+    room: float | None = None
+    headroom: float | None = None
+    refusals: tuple[tuple[str, str], ...] = ()
 
-    @property
-    def load(self) -> float:
-        """The larger of reserved and measured, plus what no node reports (DESIGN.md §5)."""
-        measured = self.measured if self.measured is not None else 0.0
-        return max(self.reserved, measured) + self.other_watts
+    @classmethod
+    def build(
+        cls,
+        ref: DomainRef,
+        cap: float | None,
+        margin: float,
+        other_watts: float,
+        reserved: float,
+        measured: float | None,
+        condition: Condition,
+        reading_age: float | None,
+        held: Hold | None,
+    ) -> DomainState:
+        from decider.placement import STATIC_FILTERS  # the registry imports this module
 
-    @property
-    def load_basis(self) -> str:
-        """Which figure the load is: `reserved` or `measured`."""
-        if self.measured is not None and self.measured > self.reserved:
-            return "measured"
-        return "reserved"
-
-    @property
-    def room(self) -> float | None:
-        """Watts left under the limit (negative: past it); None without a budget."""
-        return None if self.limit is None else self.limit - self.load
-
-    @property
-    def headroom(self) -> float | None:
-        """Watts left under the cap itself (what /metrics publishes); None without a budget."""
-        return None if self.cap is None else self.cap - self.load
+        basis = "measured" if measured is not None and measured > reserved else "reserved"
+        load = max(reserved, measured if measured is not None else 0.0) + other_watts
+        limit = None if cap is None else cap * (1 - margin)
+        state = cls(
+            ref=ref,
+            cap=cap,
+            limit=limit,
+            other_watts=other_watts,
+            reserved=reserved,
+            measured=measured,
+            condition=condition,
+            reading_age=reading_age,
+            held=held,
+            load=load,
+            load_basis=basis,
+            room=None if limit is None else limit - load,
+            headroom=None if cap is None else cap - load,
+        )
+        refusals = tuple(
+            (rule.name, reason)
+            for rule in STATIC_FILTERS
+            if (reason := rule.refuse(state)) is not None
+        )
+        return state if not refusals else replace(state, refusals=refusals)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,10 +182,10 @@ class View:
         if "conditions" in self.fresh:
             condition = self.snapshot.conditions.get(ref, "unknown")
         age = self.snapshot.reading_ages.get(ref) if "ages" in self.fresh else None
-        return DomainState(
+        return DomainState.build(
             ref=ref,
             cap=cap,
-            limit=None if cap is None else cap * (1 - facility.defaults.margin),
+            margin=facility.defaults.margin,
             other_watts=declared.other_watts if declared is not None else 0.0,
             reserved=self.reserved_watts.get(ref, 0.0),
             measured=measured,
@@ -178,33 +208,32 @@ class View:
         return state
 
     def _node_state(self, name: str) -> NodeState:
-        from decider.placement import STATIC_FILTERS  # the registry imports this module
-
         refs = self.membership(name) or ()
         domains = tuple(self.domain(ref) for ref in refs)
         condition: Condition = "unknown"
+        refusals: tuple[tuple[str, str], ...] = ()
+        room: float | None = None
+        rack: DomainState | None = None
         for domain in domains:
             if CONDITION_RANK[domain.condition] > CONDITION_RANK[condition]:
                 condition = domain.condition
-        refusals = tuple(
-            (rule.name, reason)
-            for rule in STATIC_FILTERS
-            for domain in domains
-            if (reason := rule.refuse(domain)) is not None
-        )
-        rooms = [domain.room for domain in domains if domain.room is not None]
-        rack = next((domain for domain in domains if domain.ref.kind == "rack"), None)
-        gpus = self.snapshot.node_gpus.get(name) if "gpus" in self.fresh else None
-        limit = self.snapshot.gpu_limit_watts.get(name) if "limits" in self.fresh else None
+            if domain.refusals:
+                refusals += domain.refusals
+            if domain.room is not None and (room is None or domain.room < room):
+                room = domain.room
+            if rack is None and domain.ref.kind == "rack":
+                rack = domain
         return NodeState(
             node=name,
             domains=domains,
             condition=condition,
             refusals=refusals,
-            room=min(rooms) if rooms else None,
+            room=room,
             rack=rack,
-            gpus=gpus,
-            gpu_limit_watts=limit,
+            gpus=self.snapshot.node_gpus.get(name) if "gpus" in self.fresh else None,
+            gpu_limit_watts=(
+                self.snapshot.gpu_limit_watts.get(name) if "limits" in self.fresh else None
+            ),
             reserved_gpus=self.reserved_gpus.get(name, 0),
         )
 
