@@ -403,6 +403,9 @@ class Facility(_Model):
     domains: dict[DomainKey, Domain] = {}
     profiles: dict[Annotated[str, Field(min_length=1)], Profile] = {}
     node_share_watts: float = Field(350.0, ge=0)
+    #: W per GPU for estimates when Prometheus knows no node's enforced GPU power limit
+    #: (decider.placement.estimate); None: the node share alone, said in `missing`.
+    fallback_gpu_watts: float | None = Field(None, gt=0, le=5000)
     cpu_watts_per_core: CpuWattsPerCore = CpuWattsPerCore()
     mode: Mode = "observe"
     shedding: Shedding = Shedding()

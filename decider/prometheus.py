@@ -39,7 +39,7 @@ from urllib3.util import Retry
 from decider.config import DeciderConfig, PrometheusSettings
 from decider.facility import KINDS, DomainRef, Kind
 from decider.promql import format_duration
-from decider.snapshot import PARTS, Condition, Part, Snapshot
+from decider.snapshot import INVENTORY_PARTS, PARTS, Condition, Part, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +76,17 @@ class QueryError(Exception):
     """A query got no usable answer; the message says what went wrong, on one line."""
 
 
-def queries(window_seconds: float) -> dict[str, str]:
-    """Each part's PromQL, reading samples at most `window_seconds` old."""
+def queries(window_seconds: float, inventory_window_seconds: float | None = None) -> dict[str, str]:
+    """Each part's PromQL, reading samples at most `window_seconds` old; the inventory parts
+    (snapshot.INVENTORY_PARTS: layout and hardware) at most `inventory_window_seconds`, so a
+    node whose exporter is down keeps its domains and GPUs that long (decider.yaml
+    `staleness.inventory`)."""
     window = format_duration(window_seconds)
-    return {part: text.format(window=window) for part, text in QUERIES.items()}
+    inventory = format_duration(inventory_window_seconds or window_seconds)
+    return {
+        part: text.format(window=inventory if part in INVENTORY_PARTS else window)
+        for part, text in QUERIES.items()
+    }
 
 
 class PrometheusReader:
@@ -393,6 +400,7 @@ def refresh(
     now: float,
     *,
     cancel: threading.Event | None = None,
+    inventory_window_seconds: float | None = None,
 ) -> Snapshot:
     """A new Snapshot: each part read anew, or, where its query failed, kept from `previous`.
 
@@ -402,7 +410,7 @@ def refresh(
     added.
     """
     try:
-        outcomes = _run_all(reader, queries(window_seconds), cancel)
+        outcomes = _run_all(reader, queries(window_seconds, inventory_window_seconds), cancel)
     except Exception as exc:  # e.g. no thread could be started: keep everything as it was
         message = _one_line(f"refresh failed before any query: {type(exc).__name__}: {exc}")
         outcomes = {part: QueryError(message) for part in PARTS}
@@ -446,10 +454,12 @@ class Refresher:
         settings: DeciderConfig,
         *,
         window_seconds: float = FRESH_WINDOW_S,
+        inventory_window_seconds: float | None = None,
         on_refresh: Callable[[Snapshot], None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.window_seconds = window_seconds
+        self.inventory_window_seconds = inventory_window_seconds
         self.on_refresh = on_refresh
         self._clock = clock
         self._settings = settings
@@ -520,7 +530,12 @@ class Refresher:
         with self._refreshing:
             self._next_due = time.monotonic() + self._settings.refresh_interval
             snapshot = refresh(
-                self.snapshot, self._reader, self.window_seconds, self._clock(), cancel=cancel
+                self.snapshot,
+                self._reader,
+                self.window_seconds,
+                self._clock(),
+                cancel=cancel,
+                inventory_window_seconds=self.inventory_window_seconds,
             )
             if cancel is not None and cancel.is_set():
                 return self.snapshot  # stopping: a cancelled refresh is not news

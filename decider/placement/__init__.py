@@ -27,8 +27,10 @@ RULES = (*(rule.name for rule in STATIC_FILTERS), power_cap.name)
 
 _GAPS = {
     "limit": "GPU power limit unknown for {nodes}: estimated at the site's largest, {limit:g} W",
+    "fallback": "GPU power limit unknown for {nodes}, and for every node: estimated at the "
+    "facility file's fallback_gpu_watts, {fallback:g} W per GPU",
     "no-limit": "GPU power limit unknown for {nodes}, and for every node: estimated from the "
-    "node share alone",
+    "node share alone (too low; set fallback_gpu_watts in the facility file)",
     "gpus": "GPU count unknown for {nodes}: estimated with the whole node share",
 }
 
@@ -142,7 +144,7 @@ def decide(view: View, replica: Replica, candidates: list[str]) -> Decision:
         verdict = judge(view, replica, node, site_limit, guess)
         verdicts.append(verdict)
         if verdict.refusals:
-            tally.update({rule for rule, _ in verdict.refusals})
+            tally.update(dict.fromkeys((rule for rule, _ in verdict.refusals), 1))
         else:
             verdict.key = (
                 condition.score(node),
@@ -165,7 +167,7 @@ def _by_key(verdict: Verdict) -> tuple[float, ...]:
 
 def missing(view: View, verdicts: list[Verdict]) -> list[str]:
     """The view's missing parts, and what was unknown about these candidates."""
-    notes = list(view.missing)
+    notes = view.all_missing()
     unknown = [v.node.node for v in verdicts if not v.node.domains]
     if unknown and "membership" in view.fresh:
         notes.append(
@@ -177,7 +179,13 @@ def missing(view: View, verdicts: list[Verdict]) -> list[str]:
         for gap in verdict.estimate.gaps:
             gaps.setdefault(gap, []).append(verdict.node.node)
     for gap, nodes in gaps.items():
-        notes.append(_GAPS[gap].format(nodes=_some(nodes), limit=view.site_gpu_limit_watts or 0))
+        notes.append(
+            _GAPS[gap].format(
+                nodes=_some(nodes),
+                limit=view.site_gpu_limit_watts or 0,
+                fallback=view.facility.fallback_gpu_watts or 0,
+            )
+        )
     return notes
 
 

@@ -5,7 +5,9 @@ derived: GPUs × the node's enforced GPU power limit + the node share for those 
 (`node_share_watts` × gpus / the node's GPUs); a replica with no GPUs: CPU cores ×
 `cpu_watts_per_core`. Where the node's limit is unknown the site's largest known limit
 stands in, and where its GPU count is unknown the replica takes the whole node share: both
-err high, and both are said in `missing`.
+err high, and both are said in `missing`. Where no node's limit is known, the facility
+file's `fallback_gpu_watts` stands in; without it the estimate is the node share alone,
+too low, and `missing` says so.
 """
 
 from __future__ import annotations
@@ -40,7 +42,12 @@ def estimate(
     gaps: tuple[str, ...] = ()
     limit = node.gpu_limit_watts
     if limit is None:
-        limit, gaps = (site_limit, ("limit",)) if site_limit is not None else (0.0, ("no-limit",))
+        if site_limit is not None:
+            limit, gaps = site_limit, ("limit",)
+        elif facility.fallback_gpu_watts is not None:
+            limit, gaps = facility.fallback_gpu_watts, ("fallback",)
+        else:
+            limit, gaps = 0.0, ("no-limit",)
     share = facility.node_share_watts
     if node.gpus is None:
         gaps += ("gpus",)

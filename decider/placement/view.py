@@ -238,8 +238,39 @@ class View:
         )
 
     @cached_property
+    def gaps(self) -> tuple[str, ...]:
+        """Readings Prometheus answered for but does not have, per domain: a budgeted domain
+        with no fresh measured power (its load is then what is reserved), a domain with no
+        fresh condition (unknown, placed as ok). Parts that failed whole are in `missing`."""
+        notes = []
+        if "measured" in self.fresh:
+            unmeasured = [ref for ref, d in self.domains.items() if d.cap and d.measured is None]
+            if unmeasured:
+                notes.append(
+                    f"no fresh measured power for {_some(unmeasured)}: load counts what is reserved"
+                )
+        if "conditions" in self.fresh:
+            unknown = [ref for ref, d in self.domains.items() if d.condition == "unknown"]
+            if unknown:
+                notes.append(f"no fresh condition for {_some(unknown)}: unknown, placed as ok")
+        return tuple(notes)
+
+    def all_missing(self) -> list[str]:
+        """`missing` and `gaps`: everything an answer from this view should say it lacked."""
+        return [*self.missing, *self.gaps]
+
+    @cached_property
     def site_gpu_limit_watts(self) -> float | None:
         """The largest enforced GPU limit in the site: the estimate for a node without one."""
         if "limits" not in self.fresh or not self.snapshot.gpu_limit_watts:
             return None
         return max(self.snapshot.gpu_limit_watts.values())
+
+
+def _some(refs: list[DomainRef], shown: int = 5) -> str:
+    names = [str(ref) for ref in sorted(refs)]
+    if len(names) == 1:
+        return names[0]
+    if len(names) <= shown:
+        return f"{len(names)} domains ({', '.join(names)})"
+    return f"{len(names)} domains ({', '.join(names[:shown])}, …)"
