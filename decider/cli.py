@@ -1,28 +1,61 @@
-"""`llmgw-facility`: the operator CLI. It checks configuration files and renders the site's
-recording rules from the facility file."""
+"""`llmgw-facility`: the operator CLI. It checks configuration files, renders the site's
+recording rules from the facility file, and talks to a running decider over its HTTP API
+(docs/decider.md): the domain table, holds, a placement explained, headroom per profile.
+
+The decider is found at `--decider URL`, else $LLMGW_DECIDER_URL, else
+http://127.0.0.1:9851; mutating calls (hold, release) send the bearer token read from
+`--token-file`, else $LLMGW_DECIDER_TOKEN_FILE. Exit status: 0 done; 1 the decider
+answered with an error (its detail is printed); 2 bad usage or a bad local file; 3 the
+decider could not be reached or did not answer in time.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import stat
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlparse
+
+import requests
 
 from decider import facility as facility_file
 from decider import rules_render
+from decider.facility import KINDS, DomainRef
 from exporter import config as agent_config
 from exporter.yamlfile import ConfigError
 
-NOT_BUILT = ("facility", "hold", "release", "explain-placement", "headroom", "demo")
+PROG = "llmgw-facility"
+NOT_BUILT = ("demo",)
 
 #: Exit status for a facility file that cannot be used (argparse uses 2 for bad usage too).
 EXIT_BAD_FILE = 2
+#: The decider answered with an error (4xx, 5xx).
+EXIT_REFUSED = 1
+#: The decider could not be reached, did not answer in time, or is not the decider.
+EXIT_UNREACHABLE = 3
+
+DEFAULT_DECIDER_URL = "http://127.0.0.1:9851"
+URL_ENV = "LLMGW_DECIDER_URL"
+TOKEN_ENV = "LLMGW_DECIDER_TOKEN_FILE"
+DEFAULT_TIMEOUT_S = 10.0
 
 
-def check_config(agent_files: list[Path], facility_files: list[Path] | None = None) -> int:
-    """Validate each agent.yaml and facility.yaml; print every problem with its file and line."""
+# --- check-config and rules render ------------------------------------------------------------
+
+
+def check_config(
+    agent_files: list[Path],
+    facility_files: list[Path] | None = None,
+    decider_files: list[Path] | None = None,
+) -> int:
+    """Validate each agent.yaml, facility.yaml and decider.yaml (with the facility file and
+    token it names); print every problem with its file and line."""
     failed = 0
     for path in agent_files:
         try:
@@ -46,6 +79,28 @@ def check_config(agent_files: list[Path], facility_files: list[Path] | None = No
             f"{path}: ok ({len(facility.domains)} domains, {len(facility.profiles)} profiles, "
             f"signals: {signals}; mode {facility.mode})"
         )
+    if decider_files:
+        # The service module brings the Prometheus client along: load it only when asked.
+        from decider.service import load_all
+
+        for path in decider_files:
+            try:
+                loaded = load_all(path)
+            except ConfigError as exc:
+                print(exc, file=sys.stderr)
+                failed += 1
+                continue
+            config = loaded.config
+            token = (
+                f"token file {config.token_file}"
+                if config.token_file is not None
+                else "no token_file: mutating calls are refused"
+            )
+            print(
+                f"{path}: ok (listen {config.listen}, Prometheus {config.prometheus.url}, "
+                f"facility {config.facility}: {len(loaded.facility.domains)} domains, mode "
+                f"{loaded.facility.mode}; database {config.database}; {token})"
+            )
     return 1 if failed else 0
 
 
@@ -107,8 +162,377 @@ def render_rules(facility_path: Path, output: Path | None) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="llmgw-facility", description=__doc__)
+# --- the decider's API ------------------------------------------------------------------------
+
+
+class CallFailed(Exception):
+    """A call to the decider that got no usable answer; the message is one line."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_REFUSED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _os_reason(exc: BaseException) -> str | None:
+    """The operating system's words under a requests error ("Connection refused"), if any."""
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        current = stack.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        strerror = getattr(current, "strerror", None)
+        if isinstance(strerror, str) and strerror:
+            return strerror
+        reason = getattr(current, "reason", None)
+        stack.extend(arg for arg in current.args if isinstance(arg, BaseException))
+        if isinstance(reason, BaseException):
+            stack.append(reason)
+        stack.extend((current.__cause__, current.__context__))
+    return None
+
+
+class Decider:
+    """The decider's HTTP API as the CLI calls it: JSON in and out, every failure one line."""
+
+    def __init__(self, url: str, token_file: Path | None, timeout: float) -> None:
+        self.url = url.rstrip("/")
+        self.token_file = token_file
+        self.timeout = timeout
+
+    def _token(self) -> str | None:
+        if self.token_file is None:
+            return None
+        try:
+            token = self.token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CallFailed(
+                f"cannot read the token file {self.token_file}: {exc}", EXIT_BAD_FILE
+            ) from exc
+        if not token:
+            raise CallFailed(f"the token file {self.token_file} is empty", EXIT_BAD_FILE)
+        token = token.splitlines()[0].strip()
+        if not token.isascii() or not token.isprintable():
+            raise CallFailed(
+                f"the token in {self.token_file} is not printable ASCII: an HTTP header "
+                "cannot carry it",
+                EXIT_BAD_FILE,
+            )
+        return token
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: dict[str, str] | None = None,
+        mutating: bool = False,
+    ) -> Any:
+        """The answer's JSON; raises CallFailed with the decider's own words on an error."""
+        headers = {"Accept": "application/json"}
+        token = self._token() if mutating else None
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        where = f"the decider at {self.url}"
+        try:
+            response = requests.request(
+                method,
+                self.url + path,
+                json=body,
+                params=params,
+                headers=headers,
+                timeout=self.timeout,
+            )
+        except requests.Timeout as exc:
+            raise CallFailed(
+                f"no answer from {where} within {self.timeout:g}s", EXIT_UNREACHABLE
+            ) from exc
+        except requests.ConnectionError as exc:
+            why = _os_reason(exc) or "the connection failed"
+            raise CallFailed(
+                f"cannot reach {where}: {why} (is llmgw-decider running there? set the "
+                f"address with --decider URL or ${URL_ENV})",
+                EXIT_UNREACHABLE,
+            ) from exc
+        except requests.RequestException as exc:
+            raise CallFailed(f"cannot call {where}: {exc}", EXIT_UNREACHABLE) from exc
+        try:
+            answer = response.json() if response.content else None
+        except ValueError:
+            answer = None
+            if response.ok:
+                kind = response.headers.get("Content-Type", "no content type")
+                raise CallFailed(
+                    f"{self.url}{path} answered HTTP {response.status_code} with {kind}, not "
+                    f"JSON: is {self.url} the decider?",
+                    EXIT_UNREACHABLE,
+                ) from None
+        if response.ok:
+            return answer
+        raise CallFailed(self._describe(response, answer))
+
+    def _describe(self, response: requests.Response, answer: Any) -> str:
+        status = f"HTTP {response.status_code}"
+        detail = answer.get("detail") if isinstance(answer, dict) else None
+        if not isinstance(detail, str):
+            text = " ".join(response.text.split())[:200]
+            detail = text or response.reason or "no detail"
+        if response.status_code == 401:
+            if self.token_file is None:
+                hint = f"give the decider's token with --token-file FILE or ${TOKEN_ENV}"
+            else:
+                hint = f"the token in {self.token_file} is not the decider's"
+            return f"the decider refused the call ({status}): {hint}"
+        return f"the decider answered {status}: {detail}"
+
+
+def domain_path(ref: DomainRef) -> str:
+    return f"/v1/domains/{quote(ref.kind, safe='')}/{quote(ref.name, safe='')}"
+
+
+def parse_domain(text: str) -> DomainRef:
+    """`kind/name`; a plain name is a rack (`hold r12-07`, as DESIGN.md §5 writes it)."""
+    try:
+        return DomainRef.parse(text if "/" in text else f"rack/{text}")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def kw(watts: float | None) -> str:
+    """Watts as kW with one decimal; "-" for none. A shortfall under 50 W keeps its sign
+    and more digits ("-0.044"), so that a refusal never reads as a headroom of -0.0."""
+    if watts is None:
+        return "-"
+    text = f"{watts / 1000:.1f}"
+    if text == "-0.0":
+        text = f"{watts / 1000:.3f}".rstrip("0").rstrip(".")
+    return "0.0" if text in ("-0", "-0.0") else text
+
+
+def table(headers: Sequence[str], rows: list[list[str]], right: frozenset[int]) -> list[str]:
+    """Aligned columns, two spaces apart; columns in `right` are right-aligned."""
+    widths = [max(len(row[i]) for row in [list(headers), *rows]) for i in range(len(headers))]
+    lines = []
+    for row in [list(headers), *rows]:
+        cells = [
+            cell.rjust(width) if index in right else cell.ljust(width)
+            for index, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def domain_order(entry: dict[str, Any]) -> tuple[int, str]:
+    """Site, room, row, rack, pdu; by name within a kind."""
+    kind = entry.get("kind", "")
+    rank = KINDS.index(kind) if kind in KINDS else len(KINDS)
+    return rank, str(entry.get("domain", ""))
+
+
+def print_missing(missing: list[str]) -> None:
+    if missing:
+        print("missing:")
+        for note in missing:
+            print(f"  - {note}")
+
+
+def show_json(answer: Any) -> None:
+    print(json.dumps(answer, indent=2, ensure_ascii=False))
+
+
+def facility_table(decider: Decider, as_json: bool) -> int:
+    answer = decider.call("GET", "/v1/domains")
+    if as_json:
+        show_json(answer)
+        return 0
+    domains = sorted(answer.get("domains", []), key=domain_order)
+    if not domains:
+        print("no domains: the facility file declares none and Prometheus names none")
+    else:
+        rows = []
+        for entry in domains:
+            held = entry.get("held")
+            rows.append(
+                [
+                    f"{entry['kind']}/{entry['domain']}",
+                    entry.get("condition", "unknown"),
+                    kw(entry.get("cap_watts")),
+                    kw(entry.get("reserved_watts")),
+                    kw(entry.get("measured_watts")),
+                    kw(entry.get("headroom_watts")),
+                    held["reason"] if held else "-",
+                ]
+            )
+        headers = (
+            "DOMAIN",
+            "CONDITION",
+            "CAP kW",
+            "RESERVED kW",
+            "MEASURED kW",
+            "HEADROOM kW",
+            "HELD",
+        )
+        for line in table(headers, rows, frozenset({2, 3, 4, 5})):
+            print(line)
+    print_missing(answer.get("missing", []))
+    return 0
+
+
+def hold(decider: Decider, ref: DomainRef, reason: str) -> int:
+    answer = decider.call(
+        "POST", f"{domain_path(ref)}/hold", body={"reason": reason}, mutating=True
+    )
+    held = answer.get("held") or {}
+    print(f"held {ref}: {held.get('reason', reason)} (no new placements on its nodes)")
+    return 0
+
+
+def release(decider: Decider, ref: DomainRef) -> int:
+    before = decider.call("GET", domain_path(ref))
+    if not before.get("held"):
+        print(f"{ref} is not held; nothing to release")
+        return 0
+    decider.call("POST", f"{domain_path(ref)}/release", mutating=True)
+    print(f"released {ref} (it was held: {before['held']['reason']})")
+    return 0
+
+
+def explain_placement(decider: Decider, args: argparse.Namespace) -> int:
+    replica: dict[str, Any] = {"model": args.model, "profile": args.profile, "gpus": args.gpus}
+    if args.power_watts is not None:
+        replica["power_watts"] = args.power_watts
+    if args.cpu_cores is not None:
+        replica["cpu_cores"] = args.cpu_cores
+    if args.replica_class is not None:
+        replica["class"] = args.replica_class
+    answer = decider.call(
+        "POST", "/v1/placements", body={"replica": replica, "candidates": args.nodes}
+    )
+    if args.json:
+        show_json(answer)
+        return 0
+    mode = answer.get("mode", "?")
+    order = answer.get("order", [])
+    rank = {node: index for index, node in enumerate(order, start=1)}
+    gpus = f"{args.gpus} GPU{'' if args.gpus == 1 else 's'}"
+    print(
+        f"{mode} mode: a replica of {args.model} (profile {args.profile}, {gpus}) on "
+        f"{len(args.nodes)} candidate{'' if len(args.nodes) == 1 else 's'}"
+    )
+    nodes = answer.get("nodes", [])
+    rows = []
+    for entry in nodes:
+        headroom = entry.get("headroom_watts")
+        rows.append(
+            [
+                entry["node"],
+                "allowed" if entry.get("allowed") else "refused",
+                f"~{kw(entry.get('estimate_watts'))} kW",
+                f"condition {entry.get('condition', 'unknown')}",
+                "no budget" if headroom is None else f"headroom {kw(headroom)} kW",
+                f"rank {rank[entry['node']]}" if entry["node"] in rank else "",
+            ]
+        )
+    lines = table(("NODE", "VERDICT", "ESTIMATE", "CONDITION", "HEADROOM", ""), rows, frozenset())
+    print(lines[0])
+    for entry, line in zip(nodes, lines[1:], strict=True):
+        print(line)
+        for reason in entry.get("reasons", []):
+            print(f"    - {reason}")
+        for reason in entry.get("would_refuse") or []:
+            print(f"    - would refuse: {reason}")
+    print(f"order, best first: {', '.join(order) if order else 'none'}")
+    print(answer.get("summary", ""))
+    print_missing(answer.get("missing", []))
+    return 0
+
+
+def headroom(decider: Decider, profile: str, as_json: bool) -> int:
+    answer = decider.call("GET", "/v1/headroom", params={"profile": profile})
+    if as_json:
+        show_json(answer)
+        return 0
+    print(f"profile {profile}: how many more replicas fit, per domain")
+    rows = []
+    for entry in sorted(answer.get("domains", []), key=domain_order):
+        fits = entry.get("fits")
+        binds = "; ".join(
+            bind["reason"]
+            if bind.get("nodes", 1) <= 1
+            else f"{bind['reason']} ({bind['nodes']} nodes)"
+            for bind in entry.get("binds", [])
+        )
+        rows.append(
+            [
+                f"{entry['kind']}/{entry['domain']}",
+                "unbounded" if fits is None else str(fits),
+                binds or "-",
+            ]
+        )
+    for line in table(("DOMAIN", "FITS", "WHAT BINDS"), rows, frozenset({1})):
+        print(line)
+    print_missing(answer.get("missing", []))
+    return 0
+
+
+def decider_url(text: str) -> str:
+    parsed = urlparse(text)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// URL")
+    return text
+
+
+def timeout_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return seconds
+
+
+def call_decider(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    url = args.decider or os.environ.get(URL_ENV) or DEFAULT_DECIDER_URL
+    try:
+        decider_url(url)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"${URL_ENV}: {exc}")
+    token_file = args.token_file or (
+        Path(os.environ[TOKEN_ENV]) if os.environ.get(TOKEN_ENV) else None
+    )
+    decider = Decider(url, token_file, args.timeout)
+    try:
+        if args.command == "facility":
+            return facility_table(decider, args.json)
+        if args.command == "hold":
+            return hold(decider, args.domain, args.reason)
+        if args.command == "release":
+            return release(decider, args.domain)
+        if args.command == "explain-placement":
+            return explain_placement(decider, args)
+        return headroom(decider, args.profile, args.json)
+    except CallFailed as exc:
+        print(f"{PROG} {args.command}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except (KeyError, TypeError, AttributeError) as exc:  # an answer of another shape
+        print(
+            f"{PROG} {args.command}: the answer from {url} is not what the decider sends "
+            f"({type(exc).__name__}: {exc}); is it the decider, and of this version?",
+            file=sys.stderr,
+        )
+        return EXIT_UNREACHABLE
+
+
+# --- the command line -------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("check-config", help="validate configuration files")
     check.add_argument(
@@ -127,6 +551,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FACILITY_YAML",
         help="a facility file, facility.yaml (repeatable)",
     )
+    check.add_argument(
+        "--decider-config",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DECIDER_YAML",
+        help="a decider.yaml, checked with the facility file and token file it names (repeatable)",
+    )
     rules = commands.add_parser("rules", help="the site's recording rules")
     rules_commands = rules.add_subparsers(dest="rules_command", required=True)
     render = rules_commands.add_parser(
@@ -143,20 +575,97 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="write here, replacing the file in one step (default: stdout)",
     )
+
+    api = argparse.ArgumentParser(add_help=False)
+    where = api.add_argument_group("the decider")
+    where.add_argument(
+        "--decider",
+        type=decider_url,
+        metavar="URL",
+        help=f"the decider's address (default: ${URL_ENV}, else {DEFAULT_DECIDER_URL})",
+    )
+    where.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help=f"the bearer token of mutating calls (default: ${TOKEN_ENV})",
+    )
+    where.add_argument(
+        "--timeout",
+        type=timeout_seconds,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"give up on an answer after this long (default {DEFAULT_TIMEOUT_S:g})",
+    )
+    raw = argparse.ArgumentParser(add_help=False)
+    raw.add_argument("--json", action="store_true", help="print the decider's answer as JSON")
+
+    commands.add_parser(
+        "facility",
+        parents=[api, raw],
+        help="the domain table: condition, cap, reserved, measured, headroom, hold",
+        description="Every domain the decider knows (GET /v1/domains), site to pdu; powers in kW.",
+    )
+    domain_help = "kind/name (rack/r12-07, pdu/r12-07-a, row/12); a plain name is a rack"
+    hold_parser = commands.add_parser(
+        "hold",
+        parents=[api],
+        help="hold a domain: no new placements on its nodes until released",
+        description="POST /v1/domains/{kind}/{name}/hold (needs the token).",
+    )
+    hold_parser.add_argument("domain", type=parse_domain, metavar="DOMAIN", help=domain_help)
+    hold_parser.add_argument("--reason", required=True, help="why, shown with the hold")
+    release_parser = commands.add_parser(
+        "release",
+        parents=[api],
+        help="release a held domain",
+        description="POST /v1/domains/{kind}/{name}/release (needs the token).",
+    )
+    release_parser.add_argument("domain", type=parse_domain, metavar="DOMAIN", help=domain_help)
+    explain = commands.add_parser(
+        "explain-placement",
+        parents=[api, raw],
+        help="judge a replica against candidate nodes and say why",
+        description="POST /v1/placements: each node's verdict and reasons, in the order given, "
+        "then the decider's order. Nothing is reserved.",
+    )
+    explain.add_argument("--model", required=True)
+    explain.add_argument("--profile", required=True)
+    explain.add_argument("--gpus", type=int, required=True, metavar="N")
+    explain.add_argument(
+        "--power-watts", type=float, metavar="W", help="declared draw: the estimate then"
+    )
+    explain.add_argument("--cpu-cores", type=float, metavar="C", help="for a CPU replica")
+    explain.add_argument("--class", dest="replica_class", metavar="CLASS")
+    explain.add_argument("nodes", nargs="+", metavar="NODE", help="candidates, in your order")
+    headroom_parser = commands.add_parser(
+        "headroom",
+        parents=[api, raw],
+        help="how many more replicas of a profile fit, per domain, and what binds",
+        description="GET /v1/headroom: the scheduler's dry run on a copy; nothing reserved.",
+    )
+    headroom_parser.add_argument("--profile", required=True, metavar="NAME")
     for name in NOT_BUILT:
         commands.add_parser(name, help="not built yet")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "check-config":
-        if not args.agent and not args.facility:
+        if not args.agent and not args.facility and not args.decider_config:
             parser.error(
                 "check-config: name at least one file (--agent agent.yaml, "
-                "--facility facility.yaml)"
+                "--facility facility.yaml, --decider-config decider.yaml)"
             )
-        return check_config(args.agent, args.facility)
+        return check_config(args.agent, args.facility, args.decider_config)
     if args.command == "rules":
         return render_rules(args.facility, args.output)
-    print(f"llmgw-facility {args.command}: not built yet (it needs the decider)", file=sys.stderr)
-    return 2
+    if args.command in NOT_BUILT:
+        print(f"{PROG} {args.command}: not built yet", file=sys.stderr)
+        return 2
+    return call_decider(args, parser)
 
 
 if __name__ == "__main__":
