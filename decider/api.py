@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import hmac
 from collections import Counter
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic_core import to_json
 
@@ -44,6 +47,15 @@ def _field(loc: tuple[Any, ...]) -> str:
     return ".".join(str(part) for part in loc if part != "body") or "body"
 
 
+def _problem(error: Mapping[str, Any]) -> str:
+    """One validation error as `field.path: message`."""
+    if error.get("type") == "json_invalid":  # loc is ("body", character offset)
+        position = error["loc"][-1] if len(error["loc"]) > 1 else 0
+        reason = error.get("ctx", {}).get("error", "JSON decode error")
+        return f"body: not valid JSON at character {position}: {reason}"
+    return f"{_field(tuple(error['loc']))}: {error['msg']}"
+
+
 def create_app(service: Service) -> FastAPI:
     app = FastAPI(
         title="llmgw-facility decider",
@@ -53,8 +65,18 @@ def create_app(service: Service) -> FastAPI:
     )
 
     @app.exception_handler(RequestValidationError)
-    async def _bad_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = [f"{_field(tuple(e['loc']))}: {e['msg']}" for e in exc.errors()]
+    async def _bad_request(request: Request, exc: RequestValidationError) -> Response:
+        # FastAPI parses the body before it runs the route's dependencies: a caller without
+        # the token learns nothing about its body, it gets the 401 (or 403) first.
+        route = request.scope.get("route")
+        if isinstance(route, APIRoute) and any(
+            dependency.dependency is require_token for dependency in route.dependencies
+        ):
+            try:
+                require_token(request.headers.get("authorization"))
+            except HTTPException as denied:
+                return await http_exception_handler(request, denied)
+        problems = [_problem(error) for error in exc.errors()]
         return JSONResponse({"detail": "; ".join(problems), "problems": problems}, status_code=422)
 
     @app.exception_handler(StoreError)
@@ -68,7 +90,9 @@ def create_app(service: Service) -> FastAPI:
                 403, "mutating calls are disabled: the decider has no token_file configured"
             )
         scheme, _, given = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), token):
+        # Bytes: compare_digest refuses str with non-ASCII characters (a 500, not a 401).
+        presented = given.strip().encode("utf-8", "surrogateescape")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(presented, token.encode()):
             raise HTTPException(
                 401,
                 "a bearer token is required: Authorization: Bearer <token_file's token>",
@@ -136,14 +160,15 @@ def create_app(service: Service) -> FastAPI:
     async def reservations() -> Response:
         return json_response({"reservations": [r.as_json() for r in service.state.reservations()]})
 
-    @app.delete("/v1/reservations/{reservation_id}", status_code=204, dependencies=mutating)
+    # `:path`: an id may hold a slash ("team-a/llama-0"), sent as is or as %2F.
+    @app.delete("/v1/reservations/{reservation_id:path}", status_code=204, dependencies=mutating)
     def release(reservation_id: str) -> Response:
         if not service.state.release(reservation_id):
             raise HTTPException(404, f"no reservation {reservation_id!r}")
         return Response(status_code=204)
 
     @app.post(
-        "/v1/reservations/{reservation_id}/confirm",
+        "/v1/reservations/{reservation_id:path}/confirm",
         response_model=ReservationOut,
         dependencies=mutating,
         summary="Keep the reservation past its TTL: the replica is running",

@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import socket
 import sys
+import threading
 from pathlib import Path
 from types import FrameType
 
@@ -24,6 +26,20 @@ from exporter.yamlfile import ConfigError
 log = logging.getLogger("llmgw-decider")
 
 EXIT_BAD_CONFIG = 2
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, stopping the decider's threads and closing its database once it has stopped
+    serving: on SIGTERM or SIGINT uvicorn re-raises the signal after its shutdown, which ends
+    the process before `main`'s own clean-up could run."""
+
+    def __init__(self, service: Service, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.service = service
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        self.service.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llmgw-decider: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     host, port = split_listen(loaded.config.listen)
-    server = uvicorn.Server(
+    server = _Server(
+        service,
         uvicorn.Config(
             create_app(service),
             host=host,
@@ -54,11 +71,13 @@ def main(argv: list[str] | None = None) -> int:
             log_level=args.log_level,
             access_log=False,
             lifespan="off",
-        )
+        ),
     )
 
     def on_hangup(_signum: int, _frame: FrameType | None) -> None:
-        service.reload()
+        # Not here: the handler runs on the main thread, which serves every request, and a
+        # reload waits for a refresh in flight (as long as Prometheus' timeout × attempts).
+        threading.Thread(target=service.reload, name="reload", daemon=True).start()
 
     signal.signal(signal.SIGHUP, on_hangup)
     service.start()

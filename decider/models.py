@@ -73,6 +73,17 @@ class ReservationRequest(_Body):
     replica: Replica
     node: str = Field(min_length=1, max_length=256)
 
+    @field_validator("id")
+    @classmethod
+    def _addressable(cls, reservation_id: str) -> str:
+        # DELETE /v1/reservations/{id} must reach it: HTTP clients drop `.` and `..` segments.
+        if any(segment in (".", "..") for segment in reservation_id.split("/")):
+            raise ValueError(
+                f"{reservation_id!r} has a '.' or '..' path segment: no URL can name it "
+                "to confirm or delete it"
+            )
+        return reservation_id
+
 
 class ReservationOut(_Body):
     id: str

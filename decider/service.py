@@ -35,6 +35,17 @@ class Loaded:
     token: str | None
 
 
+class FilesError(ConfigError):
+    """Problems in several files at once: `str()` lists each as `file:line: field: reason`,
+    one a line, as a single file's ConfigError does."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        lines = [line for error in errors for line in str(error).splitlines()]
+        Exception.__init__(self, "\n".join(lines))
+        self.path = errors[0].path
+        self.problems = lines
+
+
 def read_token(path: Path) -> str:
     """The bearer token: the file's first line, stripped. Raises ConfigError."""
     try:
@@ -63,8 +74,10 @@ def load_all(config_path: Path) -> Loaded:
             token = read_token(config.token_file)
         except ConfigError as exc:
             errors.append(exc)
+    if len(errors) == 1:
+        raise errors[0]
     if errors:
-        raise ConfigError(config_path, [f"0: {error}".replace("\n", "\n    ") for error in errors])
+        raise FilesError(errors)
     assert facility is not None
     return Loaded(config, facility, token)
 
@@ -78,7 +91,10 @@ class Service:
         self.state = State(loaded.facility, self.store, config.reservation_ttl, config.staleness)
         self.refreshed_once = False
         self.refresher = Refresher(
-            config, window_seconds=config.staleness.readings, on_refresh=self._on_refresh
+            config,
+            window_seconds=config.staleness.readings,
+            inventory_window_seconds=config.staleness.inventory,
+            on_refresh=self._on_refresh,
         )
         disable_created_metrics()  # `_created` series say nothing an operator reads
         self.registry = CollectorRegistry()
@@ -100,10 +116,15 @@ class Service:
         self._sweeper.start()
 
     def stop(self) -> None:
+        """Stop the refresher and the sweeper, close the database; a second call does nothing."""
+        if self._stopping.is_set():
+            return
         self._stopping.set()
         self.refresher.stop()
-        self._sweeper.join(timeout=5)
+        if self._sweeper.is_alive():
+            self._sweeper.join(timeout=5)
         self.store.close()
+        log.info("stopped; %s closed", self.store.path)
 
     def _on_refresh(self, snapshot: object) -> None:
         self.state.set_snapshot(self.refresher.snapshot)
@@ -135,6 +156,7 @@ class Service:
                 loaded.facility, loaded.config.reservation_ttl, loaded.config.staleness
             )
             self.refresher.window_seconds = loaded.config.staleness.readings
+            self.refresher.inventory_window_seconds = loaded.config.staleness.inventory
             self.refresher.reconfigure(loaded.config)
             for name in ignored:
                 log.warning("reload: %s changed; it takes effect at the next restart", name)
