@@ -137,7 +137,7 @@ def create_app(service: Service) -> FastAPI:
         verdict = outcome.verdict
         if verdict is not None:
             mode = service.state.view().mode
-            rules = Counter(rule for rule, _ in verdict.refusals)
+            rules = Counter(dict.fromkeys((rule for rule, _ in verdict.refusals), 1))
             service.counters.count("reservation", mode, 1, rules, 1 if verdict.refusals else 0)
         if outcome.reservation is None:
             assert verdict is not None

@@ -96,6 +96,10 @@ class ReservationOut(_Body):
     expires_at: float | None
     confirmed_at: float | None
     confirmed: bool
+    would_refuse: list[str] | None = Field(
+        None, description="observe mode: what enforce mode would have refused the node for"
+    )
+    missing: list[str] = Field([], description="what the decider did not know when it judged")
 
 
 class Refusal(_Body):

@@ -466,6 +466,8 @@ class Refresher:
         self._reader = PrometheusReader.from_settings(settings.prometheus)
         self.snapshot = Snapshot()
         self._refreshing = threading.Lock()
+        self._configuring = threading.Lock()
+        self._retired: list[PrometheusReader] = []
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -507,13 +509,16 @@ class Refresher:
     def reconfigure(self, settings: DeciderConfig) -> None:
         """Use a reloaded config: a new reader if the Prometheus settings changed, and the
         new interval from the next wait on."""
-        with self._refreshing:
+        # Not under the refresh lock: a reload must not wait for a hanging Prometheus. The
+        # old reader is closed after the refresh that may still be using it.
+        with self._configuring:
             old = self._settings
             self._settings = settings
             if settings.prometheus != old.prometheus:
-                self._reader.close()
+                self._retired.append(self._reader)
                 self._reader = PrometheusReader.from_settings(settings.prometheus)
                 self._was_up = None  # a new Prometheus: log its state afresh
+                self._next_due = 0.0  # read it at once
             self._next_due = min(self._next_due, time.monotonic() + settings.refresh_interval)
         self._wake.set()
 
@@ -528,17 +533,27 @@ class Refresher:
 
     def _refresh(self, cancel: threading.Event | None) -> Snapshot:
         with self._refreshing:
-            self._next_due = time.monotonic() + self._settings.refresh_interval
-            snapshot = refresh(
-                self.snapshot,
-                self._reader,
-                self.window_seconds,
-                self._clock(),
-                cancel=cancel,
-                inventory_window_seconds=self.inventory_window_seconds,
-            )
+            with self._configuring:
+                self._next_due = time.monotonic() + self._settings.refresh_interval
+                reader = self._reader
+            try:
+                snapshot = refresh(
+                    self.snapshot,
+                    reader,
+                    self.window_seconds,
+                    self._clock(),
+                    cancel=cancel,
+                    inventory_window_seconds=self.inventory_window_seconds,
+                )
+            finally:
+                with self._configuring:
+                    retired, self._retired = self._retired, []
+                for old in retired:  # no refresh uses them now: refreshes never overlap
+                    old.close()
             if cancel is not None and cancel.is_set():
                 return self.snapshot  # stopping: a cancelled refresh is not news
+            if reader is not self._reader:
+                return self.snapshot  # read from the Prometheus of the config before a reload
             self.snapshot = snapshot
             self._log_change(snapshot)
             if self.on_refresh is not None:

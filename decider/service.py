@@ -52,8 +52,8 @@ def read_token(path: Path) -> str:
         token = path.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(path, [f"1: cannot read the token file: {exc}"]) from exc
-    if not token or "\n" in token or len(token) < 16:
-        raise ConfigError(path, ["1: the token must be one line of at least 16 characters"])
+    if not token or "\n" in token or len(token) < 16 or not token.isascii():
+        raise ConfigError(path, ["1: the token must be one line of at least 16 ASCII characters"])
     return token
 
 

@@ -77,7 +77,12 @@ class Store:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             # check_same_thread=False: writers are serialised by decider.state's lock.
-            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self._db = sqlite3.connect(
+                path, check_same_thread=False, isolation_level=None, timeout=2.0
+            )
+            # One decider per database: two would each trust their own copy in memory. The
+            # exclusive lock, taken by the first write below, keeps a second one out.
+            self._db.execute("PRAGMA locking_mode=EXCLUSIVE")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
@@ -88,6 +93,13 @@ class Store:
                 )
             self._db.executescript(_SCHEMA)
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc):
+                raise StoreError(
+                    f"{path}: the database is in use by another process (another decider?); "
+                    "one decider per database"
+                ) from exc
+            raise StoreError(f"{path}: cannot open the database: {exc}") from exc
         except sqlite3.Error as exc:
             raise StoreError(f"{path}: cannot open the database: {exc}") from exc
 

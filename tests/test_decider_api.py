@@ -969,7 +969,7 @@ def test_a_reload_with_a_bad_token_file_is_refused_whole(decider):
     assert response.status_code == 400
     assert response.json()["problems"] == [
         f"{decider.directory / 'decider.token'}:1: the token must be one line of at least "
-        "16 characters"
+        "16 ASCII characters"
     ]
     assert decider.place(BIG, ["a1"])["mode"] == "enforce", "half a reload was applied"
     assert decider.post("/-/reload", token="short").status_code == 401
