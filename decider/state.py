@@ -71,7 +71,11 @@ class State:
     def facility(self) -> Facility:
         return self._facility
 
-    def _build(self) -> View:
+    def _build(
+        self, changed: tuple[Reservation, ...] = (), held: tuple[DomainRef, ...] = ()
+    ) -> View:
+        """A new view of the current state; after a write (`changed` reservations, `held`
+        domains) it starts from the current view's figures (View.settle)."""
         now = self._clock()
         fresh, missing = self._snapshot.fresh_parts(
             now, self._staleness.readings, self._staleness.inventory
@@ -83,7 +87,7 @@ class State:
             if name in fresh and part.read_at is not None
         ]
         self._valid_until = min(ends, default=math.inf)
-        return View(
+        view = View(
             facility=self._facility,
             snapshot=self._snapshot,
             now=now,
@@ -92,6 +96,10 @@ class State:
             reservations=self._reservations,
             holds=self._holds,
         )
+        previous = getattr(self, "_view", None)
+        if previous is not None and (changed or held):
+            view.settle(previous, changed, held)
+        return view
 
     # --- changes from outside -----------------------------------------------------------------
 
@@ -115,6 +123,10 @@ class State:
             if self._snapshot is snapshot and current.snapshot is not snapshot:
                 # Swap in the warmed view unless a write came in meanwhile.
                 self._view = view if unchanged else self._build()
+        # What was frozen last time is looked at again (unfreeze, collect), so garbage in
+        # cycles cannot pile up in the permanent generation between refreshes.
+        gc.unfreeze()
+        gc.collect()
         gc.freeze()
 
     def set_facility(
@@ -164,7 +176,7 @@ class State:
             if not self.store.add(reservation):  # cannot happen under the lock; be loud
                 raise RuntimeError(f"reservation {request.id!r} appeared in the database")
             self._reservations = {**self._reservations, reservation.id: reservation}
-            self._view = self._build()
+            self._view = self._build(changed=(reservation,))
             return ReserveOutcome(reservation, verdict, created=True, missing=notes)
 
     def confirm(self, reservation_id: str) -> Reservation | None:
@@ -184,7 +196,7 @@ class State:
                 }
             )
             self._reservations = {**self._reservations, reservation_id: confirmed}
-            self._view = self._build()
+            self._view = self._build(changed=(confirmed,))
             return confirmed
 
     def release(self, reservation_id: str) -> bool:
@@ -192,10 +204,11 @@ class State:
             if reservation_id not in self._reservations:
                 return False
             self.store.delete([reservation_id])
+            released = self._reservations[reservation_id]
             self._reservations = {
                 key: value for key, value in self._reservations.items() if key != reservation_id
             }
-            self._view = self._build()
+            self._view = self._build(changed=(released,))
             return True
 
     def expire(self) -> list[str]:
@@ -211,8 +224,9 @@ class State:
                 return []
             self.store.delete(expired)
             gone = set(expired)
+            dropped = tuple(self._reservations[key] for key in expired)
             self._reservations = {k: v for k, v in self._reservations.items() if k not in gone}
-            self._view = self._build()
+            self._view = self._build(changed=dropped)
         log.info("expired %d unconfirmed reservations: %s", len(expired), ", ".join(expired))
         return expired
 
@@ -226,7 +240,7 @@ class State:
             hold = Hold(domain, reason, self._clock())
             self.store.hold(hold)
             self._holds = {**self._holds, domain: hold}
-            self._view = self._build()
+            self._view = self._build(held=(domain,))
             return hold
 
     def release_hold(self, domain: DomainRef) -> bool:
@@ -235,7 +249,7 @@ class State:
                 return False
             self.store.release(domain)
             self._holds = {key: value for key, value in self._holds.items() if key != domain}
-            self._view = self._build()
+            self._view = self._build(held=(domain,))
             return True
 
 

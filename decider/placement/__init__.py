@@ -117,10 +117,19 @@ def judge(
     if guess is None:
         guess = estimate(replica, node, view.facility, site_limit)
     refusals = list(node.refusals)
-    headroom = None if node.room is None else node.room - guess.watts
+    room = node.room
+    if node.coarse:  # the node's row, room and site, as of this view
+        domains = view.domains
+        for ref in node.coarse:
+            shared = domains.get(ref) or view.domain(ref)
+            if shared.refusals:
+                refusals.extend(shared.refusals)
+            if shared.room is not None and (room is None or shared.room < room):
+                room = shared.room
+    headroom = None if room is None else room - guess.watts
     if headroom is not None and headroom < 0:
         margin = view.facility.defaults.margin
-        for domain in node.domains:
+        for domain in view.all_domains(node):
             reason = power_cap.refuse(domain, guess.watts, margin)
             if reason is not None:
                 refusals.append((power_cap.name, reason))
@@ -168,7 +177,7 @@ def _by_key(verdict: Verdict) -> tuple[float, ...]:
 def missing(view: View, verdicts: list[Verdict]) -> list[str]:
     """The view's missing parts, and what was unknown about these candidates."""
     notes = view.all_missing()
-    unknown = [v.node.node for v in verdicts if not v.node.domains]
+    unknown = [v.node.node for v in verdicts if not v.node.domains and not v.node.coarse]
     if unknown and "membership" in view.fresh:
         notes.append(
             f"membership unknown for {_some(unknown)} (no llmgw:node_domain:membership): "

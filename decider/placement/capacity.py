@@ -9,6 +9,7 @@ limits it: no budget on any of the nodes' domains and no GPU count to exhaust.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -58,15 +59,17 @@ def _fit_domain(view: View, replica: Replica, ref: DomainRef, nodes: list[str]) 
     unbounded = False
     site_limit = view.site_gpu_limit_watts
     if not nodes:
-        binds["no member nodes known"] += 1
+        binds["no member nodes known"] = 0
     for name in nodes:
         node = view.node(name)
-        if node.refusals:
-            binds[node.refusals[0][1]] += 1
+        every = view.all_domains(node)
+        refusals = [reason for domain in every for _, reason in domain.refusals]
+        if refusals:
+            binds[refusals[0]] += 1
             continue
         watts = estimate(replica, node, view.facility, site_limit).watts
         free_gpus = None if node.gpus is None else node.gpus - node.reserved_gpus
-        budgeted = [domain for domain in node.domains if domain.room is not None]
+        budgeted = [domain for domain in every if domain.room is not None]
         for domain in budgeted:
             rooms.setdefault(domain.ref, domain.room or 0.0)
         count = 0
@@ -78,8 +81,8 @@ def _fit_domain(view: View, replica: Replica, ref: DomainRef, nodes: list[str]) 
             if tight is not None and rooms[tight.ref] < watts:
                 binds[
                     f"power: {tight.ref.kind} {tight.ref.name} has "
-                    f"{max(rooms[tight.ref], 0) / 1000:.1f} kW left, a replica needs "
-                    f"~{watts / 1000:.1f}"
+                    f"{_kw_down(max(rooms[tight.ref], 0))} kW left, a replica needs "
+                    f"~{_kw_up(watts)}"
                 ] += 1
                 break
             if count >= UNBOUNDED or (tight is None and (free_gpus is None or not replica.gpus)):
@@ -92,3 +95,13 @@ def _fit_domain(view: View, replica: Replica, ref: DomainRef, nodes: list[str]) 
             count += 1
         placed += count
     return Fit(ref, None if unbounded else placed, binds.most_common())
+
+
+def _kw_down(watts: float) -> str:
+    """kW to one decimal, rounded down: room is never shown larger than it is."""
+    return f"{math.floor(watts / 100) / 10:.1f}"
+
+
+def _kw_up(watts: float) -> str:
+    """kW to one decimal, rounded up: a need is never shown smaller than it is."""
+    return f"{math.ceil(watts / 100) / 10:.1f}"

@@ -22,5 +22,5 @@ def refuse(domain: DomainState, estimate_watts: float, margin: float) -> str | N
     return (
         f"{domain.ref.kind} {domain.ref.name}: {kw(domain.load)} of {kw(domain.cap)} kW "
         f"{domain.load_basis}{other(domain)}, replica needs ~{kw(estimate_watts)}, "
-        f"margin {margin:.0%}"
+        f"margin {margin * 100:g}%"
     )

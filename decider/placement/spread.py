@@ -6,17 +6,17 @@ A node with unknown membership has no rack or PDU to count: 0.
 
 from __future__ import annotations
 
-from decider.placement.view import NodeState, View
+from decider.placement.view import FINE_KINDS, NodeState, View
 
 name = "spread"
 
 
 def score(node: NodeState, model: str, view: View) -> int:
-    counts = view.replicas_by_model
+    counts = view.spread_counts(model)
     if not counts:
         return 0
-    return sum(
-        counts.get((model, domain.ref), 0)
-        for domain in node.domains
-        if domain.ref.kind in ("rack", "pdu")
-    )
+    total = 0
+    for domain in node.domains:
+        if domain.ref.kind in FINE_KINDS:
+            total += counts.get(domain.ref, 0)
+    return total

@@ -3,7 +3,9 @@
 A View is immutable; decider.state builds a new one on every change (a reservation, a hold,
 a refresh, a reload) and swaps it in one assignment, so a placement reads one consistent
 state without taking a lock. Per-domain and per-node figures are worked out once per view,
-on first use, and shared by every request that reads the same view.
+on first use, and shared by every request that reads the same view. A view made after a
+reservation or a hold (`settle`) starts from the previous view's figures and works out
+again only the domains the change touched, and the nodes in those racks and PDUs.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from decider.facility import DomainRef, Facility
 from decider.snapshot import Condition, Snapshot
 from decider.store import Hold, Reservation
 
+#: Kinds a node's cached state covers; a node's row, room and site are read per request.
+FINE_KINDS = frozenset({"rack", "pdu"})
 #: Worst first: a node takes the worst condition among its domains.
 CONDITION_RANK: dict[Condition, int] = {"hot": 3, "warm": 2, "ok": 1, "unknown": 0}
 
@@ -101,6 +105,11 @@ class NodeState:
     gpus: int | None  # physical GPUs, from the snapshot
     gpu_limit_watts: float | None  # the largest enforced GPU power limit, from the snapshot
     reserved_gpus: int
+    #: The node's row, room and site. A view builds `domains`, `refusals` and `room` from the
+    #: node's rack and pdus alone and reads these shared domains at each request: a
+    #: reservation changes them for every node, and rebuilding 10,000 nodes' states for it
+    #: would cost more than the placement. Empty: `domains` holds every domain.
+    coarse: tuple[DomainRef, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -198,6 +207,86 @@ class View:
     def _nodes(self) -> dict[str, NodeState]:
         return {}
 
+    @cached_property
+    def members(self) -> dict[DomainRef, list[str]]:
+        """The nodes of each domain (current membership)."""
+        found: dict[DomainRef, list[str]] = {}
+        if "membership" in self.fresh:
+            for node, refs in self.snapshot.membership.items():
+                for ref in refs:
+                    found.setdefault(ref, []).append(node)
+        return found
+
+    def same_basis(self, other: View) -> bool:
+        """Whether `other` read the same snapshot, file and freshness: its figures carry over."""
+        return (
+            other.snapshot is self.snapshot
+            and other.facility is self.facility
+            and other.fresh == self.fresh
+        )
+
+    def settle(
+        self,
+        previous: View,
+        changed: tuple[Reservation, ...] = (),
+        held: tuple[DomainRef, ...] = (),
+    ) -> None:
+        """Start from `previous`'s figures (same basis) after reservations `changed` (added,
+        removed or confirmed) and holds on `held` changed; only what they touch is redone.
+
+        Figures `previous` never worked out are left to be worked out on first use."""
+        if not self.same_basis(previous):
+            return
+        cache = previous.__dict__
+        added = [r for r in changed if r.id not in previous.reservations]
+        removed = [r for r in changed if r.id not in self.reservations]
+        touched: set[DomainRef] = set(held)
+        for reservation in added + removed:  # a confirmation changes no figure
+            touched.update(previous.reservation_domains(reservation))
+        nodes = {reservation.node for reservation in added + removed}
+        mine = self.__dict__  # cached_property's storage: the view is frozen to its users
+        if "reserved_watts" in cache:
+            watts = dict(cache["reserved_watts"])
+            for reservation, sign in [(r, 1.0) for r in added] + [(r, -1.0) for r in removed]:
+                for ref in previous.reservation_domains(reservation):
+                    total = watts.get(ref, 0.0) + sign * reservation.estimate_watts
+                    watts[ref] = max(0.0, total)  # no float dust below zero
+            mine["reserved_watts"] = watts
+        if "reserved_gpus" in cache:
+            gpus = dict(cache["reserved_gpus"])
+            for reservation, sign in [(r, 1) for r in added] + [(r, -1) for r in removed]:
+                gpus[reservation.node] = gpus.get(reservation.node, 0) + sign * reservation.gpus
+            mine["reserved_gpus"] = gpus
+        if "replicas_by_model" in cache:
+            counts = dict(cache["replicas_by_model"])
+            for reservation, sign in [(r, 1) for r in added] + [(r, -1) for r in removed]:
+                for ref in previous.reservation_domains(reservation):
+                    if ref.kind in FINE_KINDS:
+                        key = (reservation.model, ref)
+                        counts[key] = counts.get(key, 0) + sign
+                        if not counts[key]:
+                            del counts[key]
+            mine["replicas_by_model"] = counts
+        for name in ("members", "gaps", "site_gpu_limit_watts"):
+            if name in cache:
+                mine[name] = cache[name]
+        if "domain_refs" in cache:
+            mine["domain_refs"] = cache["domain_refs"] | touched
+        if "domains" in cache:
+            domains = dict(cache["domains"])
+            for ref in touched:
+                domains[ref] = self._domain_state(ref)
+            mine["domains"] = domains
+        if "_nodes" in cache and "domains" in mine:
+            members = self.members
+            stale = set(nodes)
+            for ref in touched:
+                if ref.kind in FINE_KINDS:
+                    stale.update(members.get(ref, ()))
+            mine["_nodes"] = {
+                name: state for name, state in cache["_nodes"].items() if name not in stale
+            }
+
     def node(self, name: str) -> NodeState:
         """The node's state, worked out once per view (a dict write is atomic under the GIL:
         two threads racing here compute the same value)."""
@@ -209,23 +298,30 @@ class View:
 
     def _node_state(self, name: str) -> NodeState:
         refs = self.membership(name) or ()
-        domains = tuple(self.domain(ref) for ref in refs)
+        fine: list[DomainState] = []
+        coarse: list[DomainRef] = []
         condition: Condition = "unknown"
         refusals: tuple[tuple[str, str], ...] = ()
         room: float | None = None
         rack: DomainState | None = None
-        for domain in domains:
+        for ref in refs:
+            domain = self.domain(ref)
             if CONDITION_RANK[domain.condition] > CONDITION_RANK[condition]:
                 condition = domain.condition
+            if ref.kind not in FINE_KINDS:
+                coarse.append(ref)
+                continue
+            fine.append(domain)
             if domain.refusals:
                 refusals += domain.refusals
             if domain.room is not None and (room is None or domain.room < room):
                 room = domain.room
-            if rack is None and domain.ref.kind == "rack":
+            if rack is None and ref.kind == "rack":
                 rack = domain
         return NodeState(
             node=name,
-            domains=domains,
+            coarse=tuple(coarse),
+            domains=tuple(fine),
             condition=condition,
             refusals=refusals,
             room=room,
@@ -236,6 +332,25 @@ class View:
             ),
             reserved_gpus=self.reserved_gpus.get(name, 0),
         )
+
+    def all_domains(self, node: NodeState) -> tuple[DomainState, ...]:
+        """Every domain of the node, its row, room and site included, as of this view."""
+        if not node.coarse:
+            return node.domains
+        return node.domains + tuple(self.domain(ref) for ref in node.coarse)
+
+    def spread_counts(self, model: str) -> dict[DomainRef, int]:
+        """Reserved replicas of `model` per rack and pdu (cached per model and view)."""
+        by_model = self._spread
+        counts = by_model.get(model)
+        if counts is None:
+            counts = {ref: n for (name, ref), n in self.replicas_by_model.items() if name == model}
+            by_model[model] = counts
+        return counts
+
+    @cached_property
+    def _spread(self) -> dict[str, dict[DomainRef, int]]:
+        return {}
 
     @cached_property
     def gaps(self) -> tuple[str, ...]:
