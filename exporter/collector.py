@@ -29,6 +29,32 @@ def declared_samples(config: AgentConfig) -> list[Sample]:
     return samples
 
 
+def served_samples(runner: SourceRunner, served: dict[str, set[str]]) -> list[Sample]:
+    """The runner's last samples, less those it defers to a source that serves that metric."""
+    defer = runner.source.defer
+    return [
+        sample
+        for sample in runner.state.samples
+        if sample.metric not in served.get(defer.get(sample.metric, ""), ())
+    ]
+
+
+def includes_gpus(config: AgentConfig, samples: list[Sample]) -> list[Sample]:
+    """`bmc_includes_gpus` beside each node power reading whose source does not say itself."""
+    if config.bmc_includes_gpus is None:
+        return []
+    said = {s.labels.get("source") for s in samples if s.metric == "llmgw_node_power_includes_gpus"}
+    return [
+        Sample(
+            "llmgw_node_power_includes_gpus",
+            1 if config.bmc_includes_gpus else 0,
+            {"source": sample.labels.get("source", "")},
+        )
+        for sample in samples
+        if sample.metric == "llmgw_node_power_watts" and sample.labels.get("source") not in said
+    ]
+
+
 def source_health(runner: SourceRunner) -> list[Sample]:
     state = runner.state
     if state.up is None:
@@ -52,14 +78,17 @@ class ExporterCollector(Collector):
 
     def __init__(self, config: AgentConfig, runners: Iterable[SourceRunner]) -> None:
         self.node = config.node
+        self.config = config
         self.declared = declared_samples(config)
         self.runners = list(runners)
 
     def collect(self) -> Iterator[Metric]:
         samples = list(self.declared)
+        served = {runner.name: {s.metric for s in runner.state.samples} for runner in self.runners}
         for runner in self.runners:
-            samples.extend(runner.state.samples)
+            samples.extend(served_samples(runner, served))
             samples.extend(source_health(runner))
+        samples.extend(includes_gpus(self.config, samples))
         yield from self.families(samples)
 
     def families(self, samples: Iterable[Sample]) -> Iterator[Metric]:

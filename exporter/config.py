@@ -9,11 +9,17 @@ labels:
   llmgw.io/rack: r12-07
   llmgw.io/pdu: r12-07-a,r12-07-b  # both feeds of a dual-fed rack
 overhead_watts: 250              # fans, disks, PSU loss: what no sensor sees
+bmc_includes_gpus: true          # the BMC's node power includes the GPUs' draw
 listen: ":9850"
 sources:                         # every source is on by default
   gpu:   {enabled: true, interval: 5s, library: null}
   hwmon: {enabled: true, interval: 5s}
   rapl:  {enabled: true, interval: 5s}
+  ipmi:  {enabled: true, interval: 30s, timeout: 10s}   # BMCs: at least 30s
+  redfish: {url: "https://10.20.7.3", credentials_file: /etc/llmgw/bmc-credentials}
+  cray:  {enabled: true, interval: 5s}
+  hwmon_power: {enabled: true, interval: 5s}
+  units: {glob: "kubepods.slice/*/*", pattern: '(?P<unit>[^/]+)$'}  # off until glob is set
 ```
 """
 
@@ -74,6 +80,8 @@ class AgentConfig(BaseModel):
     node: str = Field(default_factory=socket.gethostname, min_length=1)
     labels: Labels = Labels()
     overhead_watts: float | None = Field(None, ge=0)
+    #: Whether the node's BMC (ipmi, redfish) or hwmon meter reading includes the GPUs.
+    bmc_includes_gpus: bool | None = None
     listen: str = f":{DEFAULT_PORT}"
     sources: Sources = Sources()  # type: ignore[valid-type]
 

@@ -92,6 +92,31 @@ _SPECS = [
         "Board inlet or ambient air temperature.",
         ("chip", "sensor"),
     ),
+    # whole-node power: ipmi, redfish, cray, hwmon_power
+    MetricSpec(
+        "llmgw_node_power_watts",
+        "gauge",
+        "The whole node's power, as its BMC, Cray PMC or hwmon meter measures it.",
+        ("source",),
+    ),
+    MetricSpec(
+        "llmgw_node_energy_joules_total",
+        "counter",
+        "The whole node's energy, where its meter counts it (Cray PMC, hwmon).",
+        ("source",),
+    ),
+    MetricSpec(
+        "llmgw_node_power_includes_gpus",
+        "gauge",
+        "1 if the node power from this source includes the GPUs, 0 if not (declared).",
+        ("source",),
+    ),
+    MetricSpec(
+        "llmgw_node_component_power_watts",
+        "gauge",
+        "Power of one part of the node (cpu, memory, accelN), from the Cray PMC.",
+        ("component",),
+    ),
     # rapl
     MetricSpec(
         "llmgw_node_cpu_power_watts",
@@ -116,6 +141,41 @@ _SPECS = [
         "counter",
         "DRAM energy from RAPL since the exporter started, wraps corrected.",
         ("package",),
+    ),
+    # units (cgroup v2, NVML process lists, /proc)
+    MetricSpec(
+        "llmgw_unit_info",
+        "gauge",
+        "One series per compute unit (replica) on the node, from its cgroup; always 1.",
+        ("unit", "model", "profile"),
+    ),
+    MetricSpec(
+        "llmgw_unit_cpu_seconds_total",
+        "counter",
+        "CPU time the unit's cgroup used (cpu.stat usage_usec).",
+        ("unit",),
+    ),
+    MetricSpec(
+        "llmgw_unit_memory_bytes",
+        "gauge",
+        "Memory the unit's cgroup uses (memory.current).",
+        ("unit",),
+    ),
+    MetricSpec(
+        "llmgw_unit_gpu_share",
+        "gauge",
+        "The unit's share of a GPU: 1 whole, the SM fraction of a MIG instance, over N sharers.",
+        ("unit", "uuid", "gpu_instance"),
+    ),
+    MetricSpec(
+        "llmgw_node_cpu_seconds_total",
+        "counter",
+        "Non-idle CPU time of all the node's CPUs (/proc/stat: no idle, iowait or steal).",
+    ),
+    MetricSpec(
+        "llmgw_node_memory_used_bytes",
+        "gauge",
+        "Memory in use on the node: MemTotal - MemAvailable (/proc/meminfo).",
     ),
     # the exporter itself
     MetricSpec(

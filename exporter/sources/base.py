@@ -55,6 +55,9 @@ class Source(ABC):
     name: ClassVar[str]
     default_interval: ClassVar[float]
     Config: ClassVar[type[SourceConfig]] = SourceConfig
+    #: metric → source name: this source's samples of that metric are served only
+    #: while that other source serves none (a BMC's inlet sensor defers to hwmon's).
+    defer: ClassVar[dict[str, str]] = {}
 
     def __init__(self, sysfs: Path, config: SourceConfig) -> None:
         self.sysfs = sysfs

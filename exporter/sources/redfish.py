@@ -1,0 +1,397 @@
+"""Node power, and the inlet sensor, from the BMC's Redfish service (HTTPS, `requests`).
+
+The chassis read is `chassis` (its `Id`) or, unset, the first member of the
+Chassis collection that links a power resource. Its power is the first of:
+
+1. `EnvironmentMetrics` → `PowerWatts.Reading` (Redfish 2020.4 and later);
+2. `PowerSubsystem` → `PowerSupplies` → each present supply's `Metrics` →
+   `InputPowerWatts.Reading`, summed (used only when every present supply
+   answers);
+3. the legacy `Power` resource → the first `PowerControl` entry with a
+   `PowerConsumedWatts` (the first is the system's on every BMC we know; later
+   entries are often sub-systems, CPU or memory, and are never added).
+
+Its inlet: `ThermalSubsystem` → `ThermalMetrics` →
+`TemperatureSummaryCelsius.Intake.Reading`, else the legacy `Thermal` →
+`Temperatures` entry whose `PhysicalContext` is `Intake` or whose name has the
+word Inlet, Ambient or Intake.
+
+Emits:
+
+    llmgw_node_power_watts{source="redfish"} 344
+    llmgw_node_inlet_temperature_celsius{chip="redfish",sensor="Intake"} 22
+
+The inlet series is served only while the `hwmon` source has no inlet sensor.
+
+Authentication: `session` (POST to the service's Sessions collection, then
+`X-Auth-Token`; a 401 — the BMC restarted and forgot the session — opens one
+new session and retries once; the session is deleted at exit), `basic`, or
+`none`. The credentials file holds the user name on its first line and the
+password on its second; it is read at each login, and neither its content nor
+the token is ever logged.
+
+Missing data:
+- no `url` configured → `NoData`; no chassis with a power resource → `NoData`;
+- a reading that is null, 0 W or above 50 kW, an inlet outside −20…80 °C, a
+  resource the chassis links but the service does not serve (404) → absent;
+- the BMC not answering within `timeout`, refusing the login, answering an
+  error or something that is not JSON → the source is down; its last reading
+  is served until `stale_after`, then absent;
+- the inlet failing while the power was read → the power is served, the
+  source reads down;
+- a configured `chassis` the service does not have → the source is down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+from urllib.parse import urljoin, urlsplit
+
+import requests
+import urllib3
+from pydantic import field_validator, model_validator
+
+from exporter.samples import NoData, PartialReading, Sample
+from exporter.sources.base import Source, SourceConfig
+from exporter.sources.bmc import (
+    INLET_METRIC,
+    NODE_POWER_METRIC,
+    BmcConfig,
+    LastReading,
+    inlet,
+    is_inlet_name,
+    node_power,
+)
+
+SERVICE_ROOT = "/redfish/v1/"
+DEFAULT_SESSIONS = "/redfish/v1/SessionService/Sessions"
+POWER_LINKS = ("EnvironmentMetrics", "PowerSubsystem", "Power")
+
+log = logging.getLogger(__name__)
+
+
+class RedfishError(RuntimeError):
+    """The BMC did not answer, refused us, or answered something unusable."""
+
+
+class NotServed(RedfishError):
+    """The service answered 404 for a resource it links to."""
+
+
+class RedfishConfig(BmcConfig):
+    #: The BMC's address: https://bmc.example:443 (a path is ignored).
+    url: str | None = None
+    #: The chassis `Id` whose power is the node's; unset: the first with a power resource.
+    chassis: str | None = None
+    auth: Literal["session", "basic", "none"] = "session"
+    #: User name on the first line, password on the second.
+    credentials_file: Path | None = None
+    #: Verify the BMC's certificate; a path is a CA bundle to verify it with.
+    tls_verify: bool | Path = True
+
+    @field_validator("url")
+    @classmethod
+    def _url_is_http(cls, url: str | None) -> str | None:
+        if url is not None:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"{url!r} is not an http:// or https:// address")
+            if parts.username or parts.password:
+                raise ValueError("put credentials in credentials_file, never in the url")
+        return url
+
+    @model_validator(mode="after")
+    def _credentials_for_auth(self) -> RedfishConfig:
+        if self.url is not None and self.auth != "none" and self.credentials_file is None:
+            raise ValueError(f"auth {self.auth} needs a credentials_file")
+        return self
+
+
+def read_credentials(path: Path) -> tuple[str, str]:
+    """(user, password) from the file; errors name the file, never its content."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise RedfishError(f"cannot read the credentials file {path}: {reason}") from None
+    if len(lines) < 2 or not lines[0]:
+        raise RedfishError(
+            f"the credentials file {path} must hold the user name, then the password, on two lines"
+        )
+    return lines[0], lines[1]
+
+
+def _link(document: dict[str, Any], key: str) -> str | None:
+    value = document.get(key)
+    if isinstance(value, dict) and isinstance(value.get("@odata.id"), str):
+        return str(value["@odata.id"])
+    return None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+class RedfishClient:
+    """GETs JSON from one BMC, logging in (and in again, once, after a 401) as configured."""
+
+    def __init__(self, config: RedfishConfig) -> None:
+        assert config.url is not None
+        parts = urlsplit(config.url)
+        self.base = f"{parts.scheme}://{parts.netloc}"
+        self.config = config
+        self.http = requests.Session()
+        if isinstance(config.tls_verify, Path):
+            self.http.verify = str(config.tls_verify)
+        else:
+            self.http.verify = config.tls_verify
+            if not config.tls_verify:
+                # Chosen in agent.yaml: said once here, not warned at every request.
+                urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+                log.warning("redfish: the certificate of %s is not verified", self.base)
+        self._token: str | None = None
+        self._session_uri: str | None = None
+
+    def get(self, path: str) -> dict[str, Any]:
+        response = self._send("GET", path)
+        if response.status_code == 401 and self.config.auth == "session":
+            self._login()
+            response = self._send("GET", path)
+        if response.status_code == 404:
+            raise NotServed(f"the BMC does not serve {path}")
+        if response.status_code != 200:
+            raise RedfishError(f"the BMC answered GET {path} with HTTP {response.status_code}")
+        try:
+            document = response.json()
+        except ValueError:
+            raise RedfishError(f"the BMC answered GET {path} with something not JSON") from None
+        if not isinstance(document, dict):
+            raise RedfishError(f"the BMC answered GET {path} with JSON that is not an object")
+        return document
+
+    def close(self) -> None:
+        """Delete our session: BMCs have few session slots."""
+        if self._session_uri is not None:
+            with contextlib.suppress(RedfishError):
+                self._send("DELETE", self._session_uri)
+            self._session_uri = self._token = None
+        self.http.close()
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        headers = {"Accept": "application/json"}
+        auth = None
+        if self.config.auth == "session" and self._token is not None:
+            headers["X-Auth-Token"] = self._token
+        elif self.config.auth == "basic" and self.config.credentials_file is not None:
+            auth = read_credentials(self.config.credentials_file)
+        try:
+            return self.http.request(
+                method,
+                urljoin(self.base, path),
+                headers=headers,
+                auth=auth,
+                timeout=self.config.timeout,
+                allow_redirects=False,
+                **kwargs,
+            )
+        except requests.Timeout:
+            raise RedfishError(
+                f"the BMC at {self.base} did not answer {method} {path} within"
+                f" {self.config.timeout:g}s"
+            ) from None
+        except requests.exceptions.SSLError:
+            raise RedfishError(
+                f"TLS with the BMC at {self.base} failed (certificate not trusted? see tls_verify)"
+            ) from None
+        except requests.RequestException as exc:
+            # The exception's text has object addresses that change at every poll.
+            raise RedfishError(
+                f"cannot reach the BMC at {self.base} ({type(exc).__name__})"
+            ) from None
+
+    def _login(self) -> None:
+        assert self.config.credentials_file is not None
+        user, password = read_credentials(self.config.credentials_file)
+        self._token = None
+        sessions = DEFAULT_SESSIONS
+        root = self._send("GET", SERVICE_ROOT)
+        if root.status_code == 200:
+            try:
+                links = root.json().get("Links", {})
+                sessions = _link(links, "Sessions") or sessions
+            except (ValueError, AttributeError):
+                pass
+        response = self._send("POST", sessions, json={"UserName": user, "Password": password})
+        token = response.headers.get("X-Auth-Token")
+        if response.status_code not in (200, 201) or not token:
+            raise RedfishError(f"the BMC refused the session login (HTTP {response.status_code})")
+        self._token = token
+        self._session_uri = response.headers.get("Location")
+
+
+class RedfishSource(Source):
+    name: ClassVar[str] = "redfish"
+    default_interval: ClassVar[float] = RedfishConfig.default_interval
+    Config: ClassVar[type[SourceConfig]] = RedfishConfig
+    defer: ClassVar[dict[str, str]] = {INLET_METRIC: "hwmon"}
+    config: RedfishConfig
+
+    def __init__(
+        self,
+        sysfs: Path,
+        config: SourceConfig,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(sysfs, config)
+        self._last = LastReading(self.config.staleness_limit, clock)
+        self._client: RedfishClient | None = None
+        self._chassis: dict[str, Any] | None = None  # the chassis document, found once
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    def poll(self) -> list[Sample]:
+        try:
+            samples = self._read()
+        except NoData:
+            self._last.clear()
+            raise
+        except PartialReading as exc:
+            self._last.fresh(exc.samples)
+            raise
+        except Exception as exc:
+            self._chassis = None  # find it afresh: the BMC may have been reconfigured
+            self._last.failed(exc)
+        return self._last.fresh(samples)
+
+    def _read(self) -> list[Sample]:
+        if self.config.url is None:
+            raise NoData("no BMC address configured (sources.redfish.url)")
+        if self._client is None:
+            self._client = RedfishClient(self.config)
+        client = self._client
+        if self._chassis is None:
+            self._chassis = self._find_chassis(client)
+        chassis = self._chassis
+        samples: list[Sample] = []
+        raw = self._power(client, chassis)
+        watts = node_power(raw)
+        if watts is not None:
+            samples.append(Sample(NODE_POWER_METRIC, watts, {"source": self.name}))
+        if self.config.inlet:
+            try:
+                reading = self._inlet(client, chassis)
+            except RedfishError as exc:
+                if samples:
+                    raise PartialReading(samples, f"inlet sensor: {exc}") from exc
+                raise
+            if reading is not None and (celsius := inlet(reading[1])) is not None:
+                labels = {"chip": self.name, "sensor": reading[0]}
+                samples.append(Sample(INLET_METRIC, celsius, labels))
+        if not samples:
+            where = chassis.get("@odata.id", "the chassis")
+            shown = "" if raw is None else f" ({raw:g} W)"
+            raise NoData(f"no power reading from {where}{shown}")
+        return samples
+
+    def _find_chassis(self, client: RedfishClient) -> dict[str, Any]:
+        root = client.get(SERVICE_ROOT)
+        collection_path = _link(root, "Chassis")
+        if collection_path is None:
+            raise NoData("the Redfish service has no Chassis collection")
+        members = client.get(collection_path).get("Members", [])
+        paths = [path for member in members if (path := _link({"m": member}, "m"))]
+        wanted = self.config.chassis
+        for path in paths:
+            if wanted is not None and path.rstrip("/").rsplit("/", 1)[-1] != wanted:
+                continue
+            document = client.get(path)
+            if wanted is not None or any(_link(document, key) for key in POWER_LINKS):
+                return document
+        if wanted is not None:
+            raise RedfishError(f"the BMC has no chassis {wanted!r} (it has {len(paths)})")
+        raise NoData("no chassis with a power resource (EnvironmentMetrics, PowerSubsystem, Power)")
+
+    def _power(self, client: RedfishClient, chassis: dict[str, Any]) -> float | None:
+        if (path := _link(chassis, "EnvironmentMetrics")) is not None:
+            reading = _optional(client, path)
+            if reading is not None:
+                watts = _number((reading.get("PowerWatts") or {}).get("Reading"))
+                if watts is not None:
+                    return watts
+        if (path := _link(chassis, "PowerSubsystem")) is not None:
+            subsystem = _optional(client, path)
+            if subsystem is not None and (watts := _supplies_input(client, subsystem)) is not None:
+                return watts
+        if (path := _link(chassis, "Power")) is not None:
+            power = _optional(client, path)
+            for control in (power or {}).get("PowerControl") or []:
+                if isinstance(control, dict):
+                    watts = _number(control.get("PowerConsumedWatts"))
+                    if watts is not None:
+                        return watts
+        return None
+
+    def _inlet(self, client: RedfishClient, chassis: dict[str, Any]) -> tuple[str, float] | None:
+        if (path := _link(chassis, "ThermalSubsystem")) is not None:
+            subsystem = _optional(client, path)
+            metrics_path = _link(subsystem or {}, "ThermalMetrics")
+            metrics = _optional(client, metrics_path) if metrics_path else None
+            if metrics is not None:
+                summary = (metrics.get("TemperatureSummaryCelsius") or {}).get("Intake") or {}
+                celsius = _number(summary.get("Reading"))
+                if celsius is not None:
+                    return "Intake", celsius
+        if (path := _link(chassis, "Thermal")) is not None:
+            thermal = _optional(client, path)
+            for sensor in (thermal or {}).get("Temperatures") or []:
+                if not isinstance(sensor, dict):
+                    continue
+                name = str(sensor.get("Name") or sensor.get("MemberId") or "")
+                state = (sensor.get("Status") or {}).get("State", "Enabled")
+                if state != "Enabled":
+                    continue
+                if sensor.get("PhysicalContext") == "Intake" or is_inlet_name(name):
+                    celsius = _number(sensor.get("ReadingCelsius"))
+                    if celsius is not None:
+                        return name or "Intake", celsius
+        return None
+
+
+def _optional(client: RedfishClient, path: str) -> dict[str, Any] | None:
+    """The document, or None when the service does not serve what it links to."""
+    try:
+        return client.get(path)
+    except NotServed:
+        return None
+
+
+def _supplies_input(client: RedfishClient, subsystem: dict[str, Any]) -> float | None:
+    """Sum of the present supplies' input power, or None unless every one of them tells."""
+    path = _link(subsystem, "PowerSupplies")
+    collection = _optional(client, path) if path else None
+    total = 0.0
+    found = False
+    for member in (collection or {}).get("Members") or []:
+        supply_path = _link({"m": member}, "m")
+        supply = _optional(client, supply_path) if supply_path else None
+        if supply is None:
+            return None
+        if (supply.get("Status") or {}).get("State") == "Absent":
+            continue
+        metrics_path = _link(supply, "Metrics")
+        metrics = _optional(client, metrics_path) if metrics_path else None
+        watts = _number(((metrics or {}).get("InputPowerWatts") or {}).get("Reading"))
+        if watts is None:
+            return None
+        total += watts
+        found = True
+    return total if found else None

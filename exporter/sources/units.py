@@ -1,0 +1,463 @@
+"""Compute units (the replicas on this node): cgroup v2, NVML process lists, node totals.
+
+A unit is a cgroup v2 directory under `cgroup_root` that `glob` selects and
+whose path (relative to `cgroup_root`) `pattern` matches; the pattern's named
+groups give `unit` (required), `model` and `profile` (optional, else "").
+
+```yaml
+sources:
+  units:
+    glob: "system.slice/llmgw-*.service"      # llmgw-<model>--<profile>--<replica>.service
+    pattern: 'llmgw-(?P<model>.+)--(?P<profile>.+)--(?P<unit>.+)\\.service$'
+```
+
+Read per unit: CPU time from `cpu.stat` `usage_usec`, memory from
+`memory.current`. GPUs from NVML: each physical GPU's compute processes (in MIG
+mode each MIG device's), each pid placed in a unit by the v2 line of
+`/proc/<pid>/cgroup` (the unit's directory or one below it). Node totals,
+which the rules divide by: non-idle CPU seconds from `/proc/stat` (user, nice,
+system, irq, softirq: neither idle, iowait nor steal; guest time is already
+inside user and nice) and used memory from `/proc/meminfo` (MemTotal −
+MemAvailable).
+
+`llmgw_unit_gpu_share` is what the unit holds of a GPU: 1 for a whole GPU, the
+instance's fraction of the GPU's streaming multiprocessors for a MIG instance,
+each divided by N when N units run on that GPU or instance. The SM fraction is
+the instance's SM count over the GPU's (NVML's attributes of the physical GPU);
+drivers that only answer that call for MIG handles get, per GPU, the largest of
+`sm × max MIG devices ÷ slices` over its instances as the GPU's count, which
+keeps the instances' SM ratios exact and reads 1/7 for a lone 1g instance.
+
+Lines emitted:
+
+    llmgw_unit_info{unit="r7",model="llama-70b",profile="tp4"} 1
+    llmgw_unit_cpu_seconds_total{unit="r7"} 60491.070351
+    llmgw_unit_memory_bytes{unit="r7"} 4111491072
+    llmgw_unit_gpu_share{unit="r7",uuid="GPU-…",gpu_instance=""} 1
+    llmgw_unit_gpu_share{unit="r8",uuid="GPU-…",gpu_instance="2"} 0.4545
+    llmgw_node_cpu_seconds_total 4183.34
+    llmgw_node_memory_used_bytes 16042172416
+
+Missing-data policy (STYLE.md §3):
+- no directory matches: no unit series (a node with no replica is normal); the
+  node totals are still published;
+- a unit directory that disappears during the poll (the replica stopped): its
+  series are absent, quietly; a `cpu.stat` or `memory.current` that is missing
+  (controller not enabled there) → that series absent, quietly; one that is
+  there but unparseable → absent, and the source reads down naming the file
+  (`PartialReading`); two directories giving the same unit name → the first
+  (in path order) is kept and the source reads down naming both;
+- `/proc/stat` or `/proc/meminfo` unreadable or without the lines needed →
+  that node total is absent and the source reads down; `/proc/meminfo` without
+  `MemAvailable` (kernels before 3.14) → used = MemTotal − MemFree − Buffers −
+  Cached − SReclaimable, as `free` computed it then;
+- no NVML library → no GPU shares, quietly (CPU-only nodes); NVML failing, or
+  one GPU's process list failing (other than "not supported") → that GPU's
+  shares absent and the source reads down; a pid that exited, or that is in no
+  unit, is not counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pynvml
+from pydantic import ValidationInfo, field_validator, model_validator
+
+from exporter.samples import PartialReading, Sample
+from exporter.sources.base import Source, SourceConfig
+from exporter.sources.gpu import _library_lock
+
+log = logging.getLogger(__name__)
+
+#: `/proc/stat` counts in USER_HZ, 100 on every Linux architecture Prometheus' procfs supports.
+USER_HZ = 100
+#: `/proc/stat` cpu columns that are busy time (guest is already inside user, guest_nice in nice).
+_BUSY = {"user": 0, "nice": 1, "system": 2, "irq": 5, "softirq": 6}
+_KIB = 1024
+
+_NVML_QUIET = {
+    pynvml.NVML_ERROR_NOT_SUPPORTED,
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+}
+_DRIVER_GONE = {
+    pynvml.NVML_ERROR_UNINITIALIZED,
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+}
+
+
+class UnitsConfig(SourceConfig):
+    """`sources.units`: on as soon as `glob` is set, off otherwise."""
+
+    #: cgroup v2 directories that may be units, relative to `cgroup_root`.
+    glob: str | None = None
+    #: Searched in each directory's path relative to `cgroup_root`; named groups
+    #: `unit` (required), `model`, `profile`. Default: the directory's own name.
+    pattern: str = r"(?P<unit>[^/]+)$"
+    #: Where cgroup v2 is mounted; default: `<sysfs>/fs/cgroup`.
+    cgroup_root: str | None = None
+    #: Root of procfs (a container that mounts the host's elsewhere sets it).
+    procfs: str = "/proc"
+    #: Path of libnvidia-ml.so.1; default: the dynamic loader's search.
+    library: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_when_configured(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "enabled" not in data:
+            return {**data, "enabled": data.get("glob") is not None}
+        return data
+
+    @model_validator(mode="after")
+    def _glob_when_enabled(self) -> UnitsConfig:
+        if self.enabled and self.glob is None:
+            raise ValueError("the units source needs a `glob` naming the units' cgroups")
+        return self
+
+    @field_validator("glob")
+    @classmethod
+    def _relative_glob(cls, glob: str | None) -> str | None:
+        if glob is None:
+            return None
+        glob = glob.strip("/")
+        if not glob or ".." in Path(glob).parts:
+            raise ValueError(f"{glob!r} must name directories below cgroup_root")
+        return glob
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern_has_unit(cls, pattern: str, info: ValidationInfo) -> str:
+        try:
+            compiled = re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from exc
+        if "unit" not in compiled.groupindex:
+            raise ValueError("needs a named group `unit`: (?P<unit>...)")
+        unknown = set(compiled.groupindex) - {"unit", "model", "profile"}
+        if unknown:
+            raise ValueError(f"unknown named groups {sorted(unknown)}: use unit, model, profile")
+        return pattern
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    name: str
+    model: str
+    profile: str
+    path: Path  # the directory
+    cgroup: str  # its path relative to the cgroup root, no leading "/"
+
+
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    """Where processes run on one GPU: the whole GPU, or one MIG GPU instance."""
+
+    uuid: str
+    gpu_instance: str  # "" for a whole GPU
+    fraction: float  # of the physical GPU's SMs
+    pids: frozenset[int]
+
+
+class UnitsSource(Source):
+    name: ClassVar[str] = "units"
+    default_interval: ClassVar[float] = 5.0
+    Config: ClassVar[type[SourceConfig]] = UnitsConfig
+    config: UnitsConfig
+
+    def __init__(
+        self,
+        sysfs: Path,
+        config: SourceConfig,
+        procfs: Path | None = None,
+        nvml: Any = pynvml,
+    ) -> None:
+        super().__init__(sysfs, config)
+        root = self.config.cgroup_root
+        self.cgroup_root = Path(root) if root else sysfs / "fs" / "cgroup"
+        self.procfs = procfs if procfs is not None else Path(self.config.procfs)
+        self.pattern = re.compile(self.config.pattern)
+        self.nvml = nvml
+        self.initialized = False
+        self._nvml_absent = False
+
+    # ------------------------------------------------------------------ poll
+    def poll(self) -> list[Sample]:
+        problems: list[str] = []
+        units = self.discover(problems)
+        samples: list[Sample] = []
+        for unit in units.values():
+            samples += self._read_unit(unit, problems)
+        samples += self._node_totals(problems)
+        samples += self._gpu_shares(units, problems)
+        if problems:
+            raise PartialReading(samples, "; ".join(problems))
+        return samples
+
+    def discover(self, problems: list[str]) -> dict[str, Unit]:
+        """The units under the glob, by name; the first directory wins a name."""
+        assert self.config.glob is not None
+        units: dict[str, Unit] = {}
+        for path in sorted(self.cgroup_root.glob(self.config.glob)):
+            if not path.is_dir():
+                continue
+            cgroup = path.relative_to(self.cgroup_root).as_posix()
+            match = self.pattern.search(cgroup)
+            if match is None or not match["unit"]:
+                continue
+            groups = match.groupdict()
+            unit = Unit(
+                match["unit"], groups.get("model") or "", groups.get("profile") or "", path, cgroup
+            )
+            if unit.name in units:
+                problems.append(
+                    f"units {units[unit.name].cgroup} and {cgroup} are both named {unit.name!r}"
+                )
+                continue
+            units[unit.name] = unit
+        return units
+
+    def _read_unit(self, unit: Unit, problems: list[str]) -> list[Sample]:
+        labels = {"unit": unit.name}
+        samples = [
+            Sample("llmgw_unit_info", 1, {**labels, "model": unit.model, "profile": unit.profile})
+        ]
+        usage = _read_keyed(unit.path / "cpu.stat", "usage_usec", problems)
+        if usage is not None:
+            samples.append(Sample("llmgw_unit_cpu_seconds_total", usage / 1e6, labels))
+        memory = _read_number(unit.path / "memory.current", problems)
+        if memory is not None:
+            samples.append(Sample("llmgw_unit_memory_bytes", float(memory), labels))
+        if not unit.path.is_dir():  # gone while we read it: the replica stopped
+            return []
+        return samples
+
+    # ------------------------------------------------------------ node totals
+    def _node_totals(self, problems: list[str]) -> list[Sample]:
+        samples = []
+        busy = read_busy_cpu_seconds(self.procfs / "stat")
+        if busy is None:
+            problems.append(f"no cpu line in {self.procfs / 'stat'}")
+        else:
+            samples.append(Sample("llmgw_node_cpu_seconds_total", busy))
+        used = read_used_memory_bytes(self.procfs / "meminfo")
+        if used is None:
+            problems.append(f"no MemTotal in {self.procfs / 'meminfo'}")
+        else:
+            samples.append(Sample("llmgw_node_memory_used_bytes", float(used)))
+        return samples
+
+    # ------------------------------------------------------------------ GPUs
+    def _gpu_shares(self, units: dict[str, Unit], problems: list[str]) -> list[Sample]:
+        if not units:
+            return []
+        try:
+            slots = self._slots(problems)
+        except self.nvml.NVMLError as exc:
+            if getattr(exc, "value", None) in _DRIVER_GONE:
+                self.close()
+            problems.append(f"NVML: {exc}")
+            return []
+        by_cgroup = {unit.cgroup: unit.name for unit in units.values()}
+        samples = []
+        for slot in slots:
+            holders = sorted(
+                {name for pid in slot.pids if (name := self._unit_of(pid, by_cgroup)) is not None}
+            )
+            for name in holders:
+                labels = {"unit": name, "uuid": slot.uuid, "gpu_instance": slot.gpu_instance}
+                samples.append(Sample("llmgw_unit_gpu_share", slot.fraction / len(holders), labels))
+        return samples
+
+    def _slots(self, problems: list[str]) -> list[_Slot]:
+        """Every whole GPU and MIG GPU instance with the pids computing on it."""
+        if not self.initialized and not self._init():
+            return []
+        nvml = self.nvml
+        slots: list[_Slot] = []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = nvml.nvmlDeviceGetUUID(handle)
+                if self._mig_enabled(handle):
+                    slots += self._mig_slots(handle, uuid)
+                else:
+                    pids = self._pids(handle)
+                    if pids is not None:
+                        slots.append(_Slot(uuid, "", 1.0, pids))
+            except nvml.NVMLError as exc:
+                if getattr(exc, "value", None) in _DRIVER_GONE:
+                    raise
+                problems.append(f"GPU {index}: {exc}")
+        return slots
+
+    def _init(self) -> bool:
+        with _library_lock:
+            if self.config.library and self.nvml.nvmlLib is None:
+                try:
+                    self.nvml.nvmlLib = ctypes.CDLL(self.config.library)
+                except OSError as exc:
+                    raise self.nvml.NVMLError(self.nvml.NVML_ERROR_LIBRARY_NOT_FOUND) from exc
+        try:
+            self.nvml.nvmlInit()
+        except self.nvml.NVMLError_LibraryNotFound:
+            if not self._nvml_absent:
+                log.info("units: no NVIDIA driver library on this node: no GPU shares")
+            self._nvml_absent = True
+            return False
+        self.initialized = True
+        return True
+
+    def close(self) -> None:
+        if self.initialized:
+            self.initialized = False
+            with contextlib.suppress(self.nvml.NVMLError):
+                self.nvml.nvmlShutdown()
+
+    def _mig_enabled(self, handle: Any) -> bool:
+        try:
+            current, _pending = self.nvml.nvmlDeviceGetMigMode(handle)
+        except self.nvml.NVMLError as exc:
+            if exc.value in _NVML_QUIET:
+                return False
+            raise
+        return bool(current == self.nvml.NVML_DEVICE_MIG_ENABLE)
+
+    def _pids(self, handle: Any) -> frozenset[int] | None:
+        try:
+            processes = self.nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except self.nvml.NVMLError as exc:
+            if exc.value in _NVML_QUIET:
+                return None
+            raise
+        return frozenset(int(process.pid) for process in processes)
+
+    def _mig_slots(self, parent: Any, uuid: str) -> list[_Slot]:
+        """One slot per GPU instance; its compute instances' SMs and pids taken together."""
+        nvml = self.nvml
+        instances: dict[int, tuple[int, int, set[int]]] = {}  # gi → (SMs, slices, pids)
+        for index in range(nvml.nvmlDeviceGetMaxMigDeviceCount(parent)):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, index)
+            except nvml.NVMLError_NotFound:
+                continue
+            gi = int(nvml.nvmlDeviceGetGpuInstanceId(mig))
+            attributes = nvml.nvmlDeviceGetAttributes_v2(mig)
+            pids = self._pids(mig) or frozenset()
+            sms, slices, seen = instances.get(gi, (0, 0, set()))
+            instances[gi] = (
+                sms + int(attributes.multiprocessorCount),
+                max(slices, int(attributes.gpuInstanceSliceCount)),
+                seen | pids,
+            )
+        total = self._total_sms(parent, instances.values())
+        return [
+            _Slot(uuid, str(gi), sms / total if total else 0.0, frozenset(pids))
+            for gi, (sms, _slices, pids) in sorted(instances.items())
+        ]
+
+    def _total_sms(self, parent: Any, instances: Any) -> float:
+        """The GPU's SM count: NVML's, else estimated from its instances (module docstring)."""
+        nvml = self.nvml
+        try:
+            count = int(nvml.nvmlDeviceGetAttributes_v2(parent).multiprocessorCount)
+            if count > 0:
+                return float(count)
+        except nvml.NVMLError as exc:
+            if exc.value not in _NVML_QUIET | {nvml.NVML_ERROR_INVALID_ARGUMENT}:
+                raise
+        most = nvml.nvmlDeviceGetMaxMigDeviceCount(parent)
+        return max((sms * most / slices for sms, slices, _pids in instances if slices), default=0.0)
+
+    def _unit_of(self, pid: int, by_cgroup: dict[str, str]) -> str | None:
+        """The unit whose cgroup holds the pid (its own directory or one below it)."""
+        cgroup = read_v2_cgroup(self.procfs / str(pid) / "cgroup")
+        while cgroup:
+            if cgroup in by_cgroup:
+                return by_cgroup[cgroup]
+            cgroup = cgroup.rpartition("/")[0]
+        return None
+
+
+# ---------------------------------------------------------------- file readers
+def _read_text(path: Path) -> str | None:
+    """The file's text, or None when it is missing (or its directory vanished)."""
+    try:
+        return path.read_text(encoding="ascii", errors="replace")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _read_number(path: Path, problems: list[str]) -> int | None:
+    text = _read_text(path)
+    if text is None:
+        return None
+    try:
+        return int(text.strip())
+    except ValueError:
+        problems.append(f"{path}: not a number")
+        return None
+
+
+def _read_keyed(path: Path, key: str, problems: list[str]) -> int | None:
+    text = _read_text(path)
+    if text is None:
+        return None
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            try:
+                return int(value.strip())
+            except ValueError:
+                break
+    problems.append(f"{path}: no {key}")
+    return None
+
+
+def read_busy_cpu_seconds(path: Path) -> float | None:
+    """Non-idle CPU seconds of all CPUs from `/proc/stat`'s `cpu` line."""
+    text = _read_text(path)
+    for line in (text or "").splitlines():
+        fields = line.split()
+        if fields and fields[0] == "cpu":
+            try:
+                ticks = [int(value) for value in fields[1:]]
+                return sum(ticks[column] for column in _BUSY.values()) / USER_HZ
+            except (ValueError, IndexError):
+                return None
+    return None
+
+
+def read_used_memory_bytes(path: Path) -> int | None:
+    """MemTotal − MemAvailable from `/proc/meminfo`, in bytes (fallback: module docstring)."""
+    text = _read_text(path)
+    kib: dict[str, int] = {}
+    for line in (text or "").splitlines():
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            kib[name] = int(parts[0])
+    if "MemTotal" not in kib:
+        return None
+    if "MemAvailable" in kib:
+        return (kib["MemTotal"] - kib["MemAvailable"]) * _KIB
+    cache = sum(kib.get(name, 0) for name in ("MemFree", "Buffers", "Cached", "SReclaimable"))
+    return max(kib["MemTotal"] - cache, 0) * _KIB
+
+
+def read_v2_cgroup(path: Path) -> str | None:
+    """The cgroup v2 path (`0::/…` line) of `/proc/<pid>/cgroup`, without its leading "/"."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:  # the process exited, or is not ours to read
+        return None
+    for line in text.splitlines():
+        if line.startswith("0::"):
+            return line[3:].strip().strip("/") or None
+    return None

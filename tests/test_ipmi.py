@@ -1,0 +1,345 @@
+"""ipmi source: the recorded outputs of the three DCMI tools, played by fake tools on PATH.
+
+The DCMI reports are CEEMS' recordings (../shared/fixtures/ceems/bsd3/tool-outputs).
+The SDR listings (`ipmitool sdr type Temperature`, FreeIPMI `ipmi-sensors`
+CSV) are **synthetic**: written here in the tools' documented formats, as no
+recording is at hand.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from exporter.poller import SourceRunner
+from exporter.samples import NoData, PartialReading, Sample
+from exporter.sources.ipmi import IpmiConfig, IpmiSource, parse_power, parse_sdr_temperatures
+from tests.shared_fixtures import SHARED_FIXTURES
+
+OUTPUTS = SHARED_FIXTURES / "ceems" / "bsd3" / "tool-outputs"
+RECORDED = {  # tool → (recorded report, its current power)
+    "ipmi-dcmi": ("ipmi-dcmi.stdout.txt", 332.0),
+    "ipmitool": ("ipmitool.stdout.txt", 2578.0),
+    "ipmiutil": ("ipmiutil.stdout.txt", 49.0),
+}
+POWER = "llmgw_node_power_watts"
+INLET = "llmgw_node_inlet_temperature_celsius"
+
+IPMITOOL_SDR = """\
+Inlet Temp       | 04h | ok  |  7.1 | 23 degrees C
+Exhaust Temp     | 01h | ok  |  7.1 | 35 degrees C
+Temp             | 0Eh | ok  |  3.1 | 40 degrees C
+Temp             | 0Fh | ns  |  3.2 | No Reading
+"""
+FREEIPMI_SDR = """\
+4,CPU1 Temp,Temperature,52.00,C,'OK'
+5,Ambient Temp,Temperature,21.00,C,'OK'
+6,PCH Temp,Temperature,N/A,C,N/A
+"""
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """A sysfs with an in-band IPMI device, and an empty bin/ that is all of PATH."""
+    sysfs = tmp_path / "sys"
+    (sysfs / "class" / "ipmi" / "ipmi0").mkdir(parents=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+    return {"sysfs": sysfs, "bin": bin_dir, "tmp": tmp_path}
+
+
+def fake_tool(bin_dir: Path, name: str, body: str) -> Path:
+    path = bin_dir / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+def replaying(bin_dir: Path, name: str, report: str, sdr: str | None = None) -> Path:
+    """A tool that prints `report` for a DCMI call and `sdr` for an SDR listing."""
+    data = bin_dir.parent / f"{name}.out"
+    data.write_text(report)
+    body = f'exec /bin/cat "{data}"\n'
+    if sdr is not None:
+        listing = bin_dir.parent / f"{name}.sdr"
+        listing.write_text(sdr)
+        body = f'case "$1" in sdr) exec /bin/cat "{listing}";; esac\n' + body
+    return fake_tool(bin_dir, name, body)
+
+
+def recorded(name: str) -> str:
+    return (OUTPUTS / RECORDED[name][0]).read_text()
+
+
+def source(node: dict[str, Path], clock: FakeClock | None = None, **keys: object) -> IpmiSource:
+    return IpmiSource(node["sysfs"], IpmiConfig.model_validate(keys), clock or FakeClock())
+
+
+def powers(samples: list[Sample]) -> list[float]:
+    return [s.value for s in samples if s.metric == POWER]
+
+
+# --- the recorded reports ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tool", list(RECORDED))
+def test_each_recorded_report_parses(tool: str) -> None:
+    assert parse_power(recorded(tool)) == RECORDED[tool][1]
+
+
+@pytest.mark.parametrize("tool", list(RECORDED))
+def test_each_tool_on_path(node: dict[str, Path], tool: str) -> None:
+    replaying(node["bin"], tool, recorded(tool))
+    samples = source(node).poll()
+    assert samples == [Sample(POWER, RECORDED[tool][1], {"source": "ipmi"})]
+
+
+def test_the_first_tool_found_is_used(node: dict[str, Path]) -> None:
+    for tool in ("ipmiutil", "ipmitool"):
+        replaying(node["bin"], tool, recorded(tool))
+    assert powers(source(node).poll()) == [2578.0]  # ipmitool comes before ipmiutil
+
+
+def test_the_configured_tool_is_used(node: dict[str, Path]) -> None:
+    for tool in RECORDED:
+        replaying(node["bin"], tool, recorded(tool))
+    assert powers(source(node, tool="ipmiutil").poll()) == [49.0]
+
+
+def test_a_configured_path_with_a_format(node: dict[str, Path]) -> None:
+    wrapper = replaying(node["tmp"], "dcmi-over-lan", recorded("ipmitool"))
+    (node["sysfs"] / "class" / "ipmi" / "ipmi0").rmdir()  # a configured tool needs no device
+    assert powers(source(node, tool=str(wrapper), format="ipmitool").poll()) == [2578.0]
+
+
+def test_no_ipmi_device_is_no_data(node: dict[str, Path]) -> None:
+    replaying(node["bin"], "ipmitool", recorded("ipmitool"))
+    (node["sysfs"] / "class" / "ipmi" / "ipmi0").rmdir()
+    with pytest.raises(NoData, match="no in-band IPMI device"):
+        source(node).poll()
+
+
+def test_no_tool_is_no_data(node: dict[str, Path]) -> None:
+    with pytest.raises(NoData, match="no IPMI tool on PATH"):
+        source(node).poll()
+
+
+def test_a_configured_tool_that_is_missing_is_a_failure(node: dict[str, Path]) -> None:
+    with pytest.raises(RuntimeError, match="'ipmitool' is not executable"):
+        source(node, tool="ipmitool").poll()
+
+
+@pytest.mark.parametrize(
+    ("tool", "line", "replacement"),
+    [
+        ("ipmi-dcmi", "Power Measurement                    : Active", "Not Available"),
+        ("ipmitool", "Power reading state is:                   activated", "deactivated"),
+        ("ipmiutil", "Power reading state is:          active", "not active"),
+    ],
+)
+def test_power_measurement_not_active_is_absent_not_a_failure(
+    node: dict[str, Path], tool: str, line: str, replacement: str
+) -> None:
+    report = recorded(tool)
+    assert line in report
+    key = line.split(":")[0]
+    replaying(node["bin"], tool, report.replace(line, f"{key}: {replacement}"))
+    runner = SourceRunner(source(node), 30)
+    state = runner.poll_once()
+    assert (state.up, state.samples) == (True, ())
+    assert "power measurement is not active" in state.reason
+
+
+@pytest.mark.parametrize("watts", ["0", "60000"])
+def test_an_impossible_node_power_is_absent(node: dict[str, Path], watts: str) -> None:
+    report = recorded("ipmitool").replace("2578 Watts", f"{watts} Watts", 1)
+    replaying(node["bin"], "ipmitool", report)
+    assert source(node, inlet=False).poll() == []
+
+
+def test_a_report_without_a_reading_is_a_failure(node: dict[str, Path]) -> None:
+    replaying(node["bin"], "ipmitool", "DCMI request failed because: Invalid command (c1)\n")
+    with pytest.raises(RuntimeError, match="no current power reading"):
+        source(node).poll()
+
+
+def test_a_failing_tool_is_down_with_its_last_words(node: dict[str, Path]) -> None:
+    fake_tool(
+        node["bin"],
+        "ipmitool",
+        "echo 'Could not open device at /dev/ipmi0: No such file or directory' >&2\nexit 1\n",
+    )
+    state = SourceRunner(source(node), 30).poll_once()
+    assert state.up is False
+    assert state.reason == (
+        "IpmiToolError: ipmitool exited with status 1:"
+        " Could not open device at /dev/ipmi0: No such file or directory"
+    )
+
+
+def test_a_hanging_tool_is_killed_with_its_children(node: dict[str, Path]) -> None:
+    child = node["tmp"] / "child.pid"
+    fake_tool(node["bin"], "ipmitool", f'/bin/sleep 1000 &\necho $! > "{child}"\nwait\n')
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"ipmitool did not answer within 0\.5s and was killed"):
+        source(node, timeout="500ms").poll()
+    assert time.monotonic() - started < 5
+    pid = int(child.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not _alive(pid), "the tool's child outlived the kill"
+
+
+def _alive(pid: int) -> bool:
+    """Running, and not a zombie waiting for init to reap it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+# --- a BMC that stops answering ------------------------------------------------------------
+
+
+def test_the_last_reading_is_kept_until_stale_then_dropped(node: dict[str, Path]) -> None:
+    clock = FakeClock()
+    tool = replaying(node["bin"], "ipmitool", recorded("ipmitool"))
+    runner = SourceRunner(source(node, clock, inlet=False), 30)
+    assert runner.poll_once().up
+    tool.write_text("#!/bin/sh\necho 'Unable to get DCMI power reading' >&2\nexit 1\n")
+    clock.now += 30
+    held = runner.poll_once()
+    assert (held.up, [s.value for s in held.samples]) == (False, [2578.0])
+    clock.now += 61  # 91 s after the reading: past 3 × 30 s
+    gone = runner.poll_once()
+    assert (gone.up, gone.samples) == (False, ())
+    assert (
+        gone.reason
+        == "IpmiToolError: ipmitool exited with status 1: Unable to get DCMI power reading"
+    )
+
+
+def test_a_failure_is_logged_once_and_the_hold_expiry_once_more(
+    node: dict[str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    tool = replaying(node["bin"], "ipmitool", recorded("ipmitool"))
+    runner = SourceRunner(source(node, clock, inlet=False), 30)
+    runner.poll_once()
+    tool.write_text("#!/bin/sh\nexit 1\n")
+    with caplog.at_level(logging.INFO):
+        for _ in range(6):
+            clock.now += 30
+            runner.poll_once()
+    assert caplog.text.count("source ipmi failing") == 2
+
+
+# --- inlet from the SDR --------------------------------------------------------------------
+
+
+def test_ipmitool_inlet(node: dict[str, Path]) -> None:
+    replaying(node["bin"], "ipmitool", recorded("ipmitool"), IPMITOOL_SDR)
+    samples = source(node).poll()
+    assert samples == [
+        Sample(POWER, 2578.0, {"source": "ipmi"}),
+        Sample(INLET, 23.0, {"chip": "ipmi", "sensor": "Inlet Temp"}),
+    ]
+
+
+def test_freeipmi_inlet_from_ipmi_sensors_beside_ipmi_dcmi(node: dict[str, Path]) -> None:
+    replaying(node["bin"], "ipmi-dcmi", recorded("ipmi-dcmi"))
+    replaying(node["bin"], "ipmi-sensors", FREEIPMI_SDR)
+    inlets = [(s.labels["sensor"], s.value) for s in source(node).poll() if s.metric == INLET]
+    assert inlets == [("Ambient Temp", 21.0)]
+
+
+def test_a_named_inlet_sensor(node: dict[str, Path]) -> None:
+    sdr = IPMITOOL_SDR.replace("Inlet Temp  ", "Front Panel ")
+    replaying(node["bin"], "ipmitool", recorded("ipmitool"), sdr)
+    assert INLET not in {s.metric for s in source(node).poll()}
+    named = source(node, inlet_sensor="front panel").poll()
+    assert [s.value for s in named if s.metric == INLET] == [23.0]
+
+
+def test_a_disconnected_inlet_sensor_is_absent(node: dict[str, Path]) -> None:
+    sdr = IPMITOOL_SDR.replace("23 degrees C", "-62 degrees C")
+    replaying(node["bin"], "ipmitool", recorded("ipmitool"), sdr)
+    assert powers(source(node).poll()) == [2578.0]
+    assert INLET not in {s.metric for s in source(node).poll()}
+
+
+def test_a_failing_sdr_keeps_the_power_and_reads_down(node: dict[str, Path]) -> None:
+    report = node["tmp"] / "power.out"
+    report.write_text(recorded("ipmitool"))
+    fake_tool(
+        node["bin"], "ipmitool", f'case "$1" in sdr) exit 1;; esac\nexec /bin/cat "{report}"\n'
+    )
+    with pytest.raises(
+        PartialReading, match="inlet sensor: ipmitool exited with status 1"
+    ) as caught:
+        source(node).poll()
+    assert powers(caught.value.samples) == [2578.0]
+
+
+def test_ipmiutil_reads_no_inlet(node: dict[str, Path]) -> None:
+    replaying(node["bin"], "ipmiutil", recorded("ipmiutil"), IPMITOOL_SDR)
+    assert [s.metric for s in source(node).poll()] == [POWER]
+
+
+def test_not_active_power_still_serves_the_inlet(node: dict[str, Path]) -> None:
+    report = recorded("ipmitool").replace("activated", "deactivated")
+    replaying(node["bin"], "ipmitool", report, IPMITOOL_SDR)
+    assert [s.metric for s in source(node).poll()] == [INLET]
+
+
+def test_sdr_parsers() -> None:
+    assert parse_sdr_temperatures(IPMITOOL_SDR, "ipmitool") == [
+        ("Inlet Temp", 23.0),
+        ("Exhaust Temp", 35.0),
+        ("Temp", 40.0),
+    ]
+    assert parse_sdr_temperatures(FREEIPMI_SDR, "freeipmi") == [
+        ("CPU1 Temp", 52.0),
+        ("Ambient Temp", 21.0),
+    ]
+
+
+# --- configuration -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ({"interval": "5s"}, "shorter than 30s"),
+        ({"timeout": "1m"}, "must be shorter than the interval"),
+        ({"stale_after": "10s"}, "stale_after 10s is shorter than the interval 30s"),
+        ({"tool": "/usr/local/bin/bmc-wrapper"}, "set format"),
+        ({"format": "racadm"}, "Input should be"),
+    ],
+)
+def test_config_refusals(keys: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        IpmiConfig.model_validate(keys)
+
+
+def test_the_environment_of_the_tool_is_c_locale(node: dict[str, Path]) -> None:
+    seen = node["tmp"] / "env"
+    report = node["tmp"] / "power.out"
+    report.write_text(recorded("ipmitool"))
+    fake_tool(node["bin"], "ipmitool", f'echo "$LC_ALL" > "{seen}"\nexec /bin/cat "{report}"\n')
+    source(node, inlet=False).poll()
+    assert seen.read_text().strip() == "C"
