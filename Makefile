@@ -4,11 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: run test lint pytest rules fake-nvml bench bench-rules clean debian-packages
+.PHONY: run test lint pytest rules fake-nvml bench bench-rules bench-decider clean debian-packages mutation
 
-# The main job: until the demo lands, the exporter printing what this machine sees.
-run: $(STAMP)
-	$(BIN)/llmgw-exporter --once
+# The main job: the demo (docs/simulation.md): a simulated site, a real Prometheus and
+# Alertmanager and the decider telling their story; Ctrl-C stops it.
+run: $(STAMP) debian-packages
+	$(BIN)/llmgw-facility demo
 
 test: lint pytest rules
 
@@ -48,6 +49,18 @@ bench: $(STAMP)
 
 bench-rules: $(STAMP) debian-packages
 	$(BIN)/python benchmarks/rules_eval.py
+
+bench-decider: $(STAMP)
+	$(BIN)/python benchmarks/decider_placement.py
+
+# Mutation testing of the placement rules, killed by their own tests (docs/mutation.md):
+# a clean run, MUTMUT_CHILDREN test processes at a time.
+MUTMUT_CHILDREN ?= 2
+mutation: $(STAMP)
+	test -x $(BIN)/mutmut || $(BIN)/python -m pip install -q -e '.[test,mutation]'
+	rm -rf mutants
+	$(BIN)/mutmut run --max-children $(MUTMUT_CHILDREN)
+	$(BIN)/mutmut results
 
 clean:
 	rm -rf $(VENV) tests/fake_nvml/libnvidia-ml.so.1 .pytest_cache .ruff_cache

@@ -31,7 +31,7 @@ from exporter import config as agent_config
 from exporter.yamlfile import ConfigError
 
 PROG = "llmgw-facility"
-NOT_BUILT = ("demo",)
+NOT_BUILT: tuple[str, ...] = ()
 
 #: Exit status for a facility file that cannot be used (argparse uses 2 for bad usage too).
 EXIT_BAD_FILE = 2
@@ -645,6 +645,46 @@ def build_parser() -> argparse.ArgumentParser:
         description="GET /v1/headroom: the scheduler's dry run on a copy; nothing reserved.",
     )
     headroom_parser.add_argument("--profile", required=True, metavar="NAME")
+    simulate = commands.add_parser(
+        "simulate",
+        help="serve a simulated site's exporter metrics, one scrape target per node",
+        description="Serve every node of a scenario file (docs/simulation.md) as its own "
+        "scrape target, /nodes/<node>/metrics, and the site's own meters at /site/metrics, "
+        "until Ctrl-C. Exit 2: a scenario refused with its file, line and reason; 3: the "
+        "address cannot be bound.",
+    )
+    simulate.add_argument("--scenario", type=Path, required=True, metavar="SCENARIO_YAML")
+    simulate.add_argument(
+        "--listen",
+        default="127.0.0.1:0",
+        metavar="HOST:PORT",
+        help="where to serve (default 127.0.0.1:0: a free port, printed at start)",
+    )
+    simulate.add_argument(
+        "--targets-file",
+        type=Path,
+        metavar="PATH",
+        help="write a Prometheus file_sd target file listing every node here",
+    )
+    simulate.add_argument(
+        "--decider",
+        type=decider_url,
+        metavar="URL",
+        help="read reservations from this decider (load.from_decider; overrides its url)",
+    )
+    demo = commands.add_parser(
+        "demo",
+        help="run the whole system on a simulated site and tell its story",
+        description="Start a real Prometheus and Alertmanager, a simulated site and the "
+        "decider on loopback ports, then show replicas placed until a rack is full, a "
+        "cooling failure turning a row warm then hot, placements moving elsewhere and the "
+        "alert arriving; then stay up until Ctrl-C (docs/simulation.md).",
+    )
+    demo.add_argument(
+        "--once",
+        action="store_true",
+        help="stop after the story; exit 0 only if every step happened in time",
+    )
     for name in NOT_BUILT:
         commands.add_parser(name, help="not built yet")
     return parser
@@ -662,6 +702,19 @@ def main(argv: list[str] | None = None) -> int:
         return check_config(args.agent, args.facility, args.decider_config)
     if args.command == "rules":
         return render_rules(args.facility, args.output)
+    if args.command == "simulate":
+        from decider.simulate.main import run as simulate
+
+        return simulate(
+            args.scenario,
+            listen=args.listen,
+            targets_file=args.targets_file,
+            decider_url=args.decider,
+        )
+    if args.command == "demo":
+        from decider.demo.main import run as demo
+
+        return demo(once=args.once)
     if args.command in NOT_BUILT:
         print(f"{PROG} {args.command}: not built yet", file=sys.stderr)
         return 2

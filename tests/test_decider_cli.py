@@ -532,9 +532,12 @@ def test_a_bad_decider_address_is_a_usage_error(capsys, monkeypatch):
     assert f"${URL_ENV}: 'decider:9851' is not an http" in capsys.readouterr().err
 
 
-def test_demo_is_not_built_yet(capsys):
-    assert main(["demo"]) == 2
-    assert "not built yet" in capsys.readouterr().err
+def test_demo_and_simulate_are_commands(capsys):
+    for command in ("demo", "simulate"):
+        with pytest.raises(SystemExit) as exited:
+            main([command, "--help"])
+        assert exited.value.code == 0
+        assert "usage: llmgw-facility" in capsys.readouterr().out
 
 
 # --- check-config --decider-config ------------------------------------------------------------
