@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: run test lint pytest rules fake-nvml bench bench-rules bench-decider clean debian-packages mutation
+.PHONY: run test lint pytest rules fake-nvml bench bench-rules bench-decider clean debian-packages mutation dashboards
 
 # The main job: the demo (docs/simulation.md): a simulated site, a real Prometheus and
 # Alertmanager and the decider telling their story; Ctrl-C stops it.
@@ -21,7 +21,8 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-* && touch $@
 
 debian-packages:
-	scripts/debian-packages.sh promtool=prometheus prometheus-alertmanager=prometheus-alertmanager vmalert=victoria-metrics gcc=gcc
+	scripts/debian-packages.sh promtool=prometheus prometheus-alertmanager=prometheus-alertmanager vmalert=victoria-metrics gcc=gcc \
+		chromium=chromium
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -42,6 +43,10 @@ fake-nvml: tests/fake_nvml/libnvidia-ml.so.1
 
 tests/fake_nvml/libnvidia-ml.so.1: tests/fake_nvml/fake_nvml.c
 	gcc -shared -fPIC -O2 -Wall -Wextra -Werror -o $@.tmp $< && mv $@.tmp $@
+
+# The Grafana dashboards' JSON, from dashboards/generate.py (docs/dashboards.md).
+dashboards: $(STAMP)
+	$(BIN)/python dashboards/generate.py
 
 bench: $(STAMP)
 	scripts/debian-packages.sh prometheus-node-exporter=prometheus-node-exporter promtool=prometheus gcc=gcc

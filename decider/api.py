@@ -115,6 +115,19 @@ def create_app(service: Service) -> FastAPI:
         service.counters.count(
             "placement", view.mode, len(decision.verdicts), decision.refusals_by_rule, refused
         )
+        replica = body.replica
+        service.decisions.record(
+            "placement",
+            f"{replica.model} ({replica.profile}, {replica.gpus} GPUs)",
+            decision.summary()
+            + (f"; first: {decision.order[0]}" if decision.order else "; no node allowed"),
+            allowed=bool(decision.order),
+            refusals=(
+                (verdict.node.node, reason)
+                for verdict in decision.verdicts
+                for _, reason in verdict.refusals
+            ),
+        )
         return json_response(decision.as_json())
 
     # --- reservations -------------------------------------------------------------------------
@@ -132,7 +145,9 @@ def create_app(service: Service) -> FastAPI:
     )
     def reserve(body: ReservationRequest) -> Response:
         outcome = service.state.reserve(body)
+        subject = f"{body.id} on {body.node}"
         if outcome.conflict is not None:
+            service.decisions.record("reservation", subject, outcome.conflict, allowed=False)
             return json_response({"detail": outcome.conflict, "reasons": []}, 409)
         verdict = outcome.verdict
         if verdict is not None:
@@ -142,6 +157,13 @@ def create_app(service: Service) -> FastAPI:
         if outcome.reservation is None:
             assert verdict is not None
             reasons = [reason for _, reason in verdict.refusals]
+            service.decisions.record(
+                "reservation",
+                subject,
+                f"refused on {body.node}",
+                allowed=False,
+                refusals=((body.node, reason) for reason in reasons),
+            )
             return json_response(
                 {
                     "detail": f"node {body.node} refused: {'; '.join(reasons)}",
@@ -154,6 +176,15 @@ def create_app(service: Service) -> FastAPI:
         if verdict is not None and verdict.refusals:  # observe mode
             content["would_refuse"] = [reason for _, reason in verdict.refusals]
         content["missing"] = list(outcome.missing)
+        would = content.get("would_refuse", [])
+        service.decisions.record(
+            "reservation",
+            subject,
+            ("reserved" if outcome.created else "already reserved")
+            + (" (observe mode: would be refused)" if would else ""),
+            allowed=True,
+            refusals=((body.node, reason) for reason in would),
+        )
         return json_response(content, 201 if outcome.created else 200)
 
     @app.get("/v1/reservations", summary="Every reservation, oldest first")

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 from decider import config as decider_config
 from decider import facility as facility_file
 from decider.config import DeciderConfig
+from decider.decisions import DecisionLog
 from decider.facility import Facility
 from decider.metrics import DecisionCounters, DomainCollector
 from decider.prometheus import Refresher
@@ -99,6 +100,7 @@ class Service:
         disable_created_metrics()  # `_created` series say nothing an operator reads
         self.registry = CollectorRegistry()
         self.counters = DecisionCounters(self.registry)
+        self.decisions = DecisionLog()  # the status page's recent decisions
         self.registry.register(DomainCollector(self.state.view))
         self._reload_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -167,12 +169,25 @@ class Service:
         view = self.state.view()
         from decider.api import domain_json  # the page shows what the API returns
 
-        racks = [domain_json(view, ref) for ref in sorted(view.domain_refs)]
+        domains = [domain_json(view, ref) for ref in sorted(view.domain_refs)]
+        racks = [d for d in domains if d["kind"] == "rack"]
+        snapshot = view.snapshot
+        nodes = []
+        if "membership" in view.fresh:
+            for node, refs in sorted(snapshot.membership.items()):
+                rack = next((ref.name for ref in refs if ref.kind == "rack"), None)
+                held = [str(ref) for ref in refs if view.domain(ref).held]
+                reserved = sum(int(r.gpus) for r in view.reservations.values() if r.node == node)
+                nodes.append({"node": node, "rack": rack, "held": held, "reserved_gpus": reserved})
         return self._templates.get_template("status.html.j2").render(
-            domains=racks,
+            racks=racks,
+            domains=[d for d in domains if d["kind"] != "rack"],
+            nodes=nodes,
+            decisions=self.decisions.recent(),
+            now=time.time(),
             mode=view.mode,
             missing=view.missing,
-            prometheus_up=view.snapshot.prometheus_up,
-            age=view.snapshot.age_seconds(time.time()),
+            prometheus_up=snapshot.prometheus_up,
+            age=snapshot.age_seconds(time.time()),
             reservations=len(view.reservations),
         )
