@@ -1384,3 +1384,115 @@ def test_fits_past_unbounded_replicas_on_a_node_is_unbounded(make_site: Any) -> 
     )
     site = make_site(facility, make_snapshot({"n1": ["rack/r1"]}))
     assert fit_of(site, "speck")["rack/r1"] == Fit(ref("rack/r1"), None, [])
+
+
+def test_a_node_gathers_the_refusals_of_all_its_racks_and_pdus(make_site: Any) -> None:
+    site = make_site(
+        make_facility(),
+        make_snapshot({"n1": ["rack/r1", "pdu/p1", "pdu/p2"]}, conditions={"pdu/p2": "hot"}),
+        holds={"rack/r1": "move", "pdu/p1": "fuse"},
+    )
+    assert site.view().node("n1").refusals == (
+        ("held", "pdu p1 held: fuse"),
+        ("hot", "pdu p2 hot"),
+        ("held", "rack r1 held: move"),
+    )
+
+
+# --- a view after a write: View.settle --------------------------------------------------------
+
+
+def test_a_view_settles_only_on_the_same_basis(make_site: Any) -> None:
+    facility = make_facility({"rack/r1": {"cap_watts": 10_000}})
+    snapshot = make_snapshot({"n1": ["rack/r1"]}, measured={"rack/r1": 9_500})
+    other = make_snapshot({"n1": ["rack/r1"]}, measured={"rack/r1": 100})
+
+    def view(snap: Snapshot = snapshot, fac: Facility = facility, now: float = NOW) -> View:
+        usable, gone = snap.fresh_parts(now, STALENESS.readings, STALENESS.inventory)
+        return View(fac, snap, now, usable, gone, {}, {})
+
+    before = view()
+    assert before.node("n1").room == -500  # 9 000 − 9 500, worked out
+    assert view().same_basis(before)
+    for changed in (view(snap=other), view(fac=make_facility()), view(now=NOW + 121)):
+        assert not changed.same_basis(before)
+        changed.settle(before)
+        # Nothing carried over: its own figures.
+        assert changed.node("n1").room != -500
+    same = view()
+    same.settle(before)
+    assert same.node("n1") is before.node("n1")  # carried over: nothing changed
+
+
+def test_a_write_after_the_readings_went_stale_uses_fresh_figures(make_site: Any) -> None:
+    # The view was worked out at NOW with rack/r1 measured past its limit; the readings go
+    # stale, and a write comes in before anything reads the view again.
+    site = make_site(
+        make_facility({"rack/r1": {"cap_watts": 10_000}}),
+        make_snapshot({"n1": ["rack/r1"], "n2": ["rack/r1"]}, measured={"rack/r1": 9_500}),
+    )
+    assert site.decide(replica(1, 100), ["n1"]).verdicts[0].refusals  # 9 500 > 9 000
+    site.now = NOW + 121
+    assert site.reserve("n2", replica(1, 100)).created  # measured stale: 100 reserved
+    answer = site.answer(replica(1, 100), ["n1"])
+    assert answer["nodes"][0]["allowed"] is True
+    assert answer["nodes"][0]["headroom_watts"] == 8_800  # 9 000 − 100 − 100
+
+
+def test_a_write_after_only_the_domains_were_read(make_site: Any) -> None:
+    # No node worked out yet, only the domains (as GET /v1/domains does): a hold settles.
+    site = make_site(make_facility({"rack/r1": {"cap_watts": 10_000}}))
+    assert site.view().domain(ref("rack/r1")).held is None
+    site.state.hold(ref("rack/r1"), "x")
+    assert site.view().domain(ref("rack/r1")).held is not None
+    assert site.reserve("n1", replica(1, 100)).created  # n1's membership is unknown
+    assert site.view().domain(ref("rack/r1")).reserved == 0
+
+
+#: What a view works out once and a view after a write carries over (View.settle): the
+#: write path of the 10,000-node benchmark depends on it (docs/benchmarks.md).
+CARRIED = (
+    "reserved_watts",
+    "reserved_gpus",
+    "replicas_by_model",
+    "members",
+    "gaps",
+    "site_gpu_limit_watts",
+    "domain_refs",
+    "domains",
+    "_nodes",
+)
+
+
+def test_a_view_after_a_write_carries_the_figures_over(make_site: Any) -> None:
+    site = make_site(
+        make_facility({"rack/r1": {"cap_watts": 10_000}}),
+        make_snapshot({"n1": ["rack/r1", "row/1"], "n2": ["rack/r2", "row/1"]}),
+        reservations=[stored("1", "n1", 100, ["rack/r1", "row/1"])],
+    )
+    before = site.view()
+    site.decide(replica(1, 10), ["n1", "n2"])
+    before.members  # noqa: B018 - worked out as capacity.fits and the benchmark do
+    before.gaps  # noqa: B018
+    assert set(CARRIED) <= set(vars(before))
+    assert site.reserve("n2", replica(1, 100)).created
+    after = site.view()
+    assert after is not before
+    assert set(CARRIED) <= set(vars(after))  # carried, not yet read
+    # n2's rack was touched: n2 is worked out again; n1's rack was not: n1 is carried.
+    assert "n2" not in after._nodes
+    assert after._nodes["n1"] is before._nodes["n1"]
+    assert after.domain(ref("rack/r2")).reserved == 100
+    assert after.domain(ref("row/1")).reserved == 200
+
+
+def test_spread_counts_are_worked_out_once_per_model(make_site: Any) -> None:
+    site = make_site(
+        make_facility(),
+        make_snapshot({"n1": ["rack/r1"]}),
+        reservations=[stored("1", "n1", 100, ["rack/r1"], model="b")],
+    )
+    view = site.view()
+    assert view.spread_counts("b") == {ref("rack/r1"): 1}
+    assert view.spread_counts("b") is view.spread_counts("b")
+    assert view.spread_counts("a") == {}
