@@ -976,14 +976,16 @@ def test_readings_go_stale_as_time_passes(make_site: Any) -> None:
     assert not site.reserve("n1", replica(1, 501)).created
 
 
-def test_no_snapshot_refuses_nothing_and_says_what_is_missing(make_site: Any) -> None:
+def test_no_snapshot_refuses_only_for_a_hold_and_says_what_is_missing(make_site: Any) -> None:
     site = make_site(
         make_facility({"rack/r1": {"cap_watts": 1_000}}),
         reservations=[stored("1", "n1", 5_000, ["rack/r1"])],
         holds={"rack/r1": "x"},
     )
     answer = site.answer(replica(2), ["n1", "n2"])
-    assert answer["order"] == ["n1", "n2"]
+    # Only the hold refuses, through the domains n1's reservation was made in.
+    assert answer["order"] == ["n2"]
+    assert answer["nodes"][0]["reasons"] == ["rack r1 held: x (from the node's last known domains)"]
     assert [n["condition"] for n in answer["nodes"]] == ["unknown", "unknown"]
     assert [n["estimate_watts"] for n in answer["nodes"]] == [350, 350]  # node share alone
     assert answer["missing"][:7] == [

@@ -379,7 +379,15 @@ def stale_cases(draw: DrawFn, **site: bool) -> tuple[SiteSpec, Snapshot | None, 
 
 
 def explained(view: View, verdict: Any) -> bool:
-    """A hold, or reserved power with this replica past a budgeted domain's limit."""
+    """A hold (on the node's domains, or with no fresh membership on its last known ones:
+    the snapshot's, its reservations'), or reserved power with this replica past a
+    budgeted domain's limit."""
+    last_known = set(view.snapshot.membership.get(verdict.node.node, ()))
+    for reservation in view.reservations.values():
+        if reservation.node == verdict.node.node:
+            last_known.update(reservation.domains)
+    if any(ref in view.holds for ref in last_known):
+        return True
     for domain in domains_of(view, verdict.node.node):
         if domain.held is not None:
             return True

@@ -280,6 +280,8 @@ class View:
         if "_nodes" in cache and "domains" in mine:
             members = self.members
             stale = set(nodes)
+            if held and "membership" not in self.fresh:  # holds by last known domains
+                stale.update(cache["_nodes"])
             for ref in touched:
                 if ref.kind in FINE_KINDS:
                     stale.update(members.get(ref, ()))
@@ -318,6 +320,8 @@ class View:
                 room = domain.room
             if rack is None and ref.kind == "rack":
                 rack = domain
+        if not refs and self.holds:
+            refusals = self._holds_as_last_known(name)
         return NodeState(
             node=name,
             coarse=tuple(coarse),
@@ -332,6 +336,26 @@ class View:
             ),
             reserved_gpus=self.reserved_gpus.get(name, 0),
         )
+
+    def _holds_as_last_known(self, name: str) -> tuple[tuple[str, str], ...]:
+        """A hold refuses whatever the data (held.py): with no fresh membership, the node's
+        last known domains (the snapshot's, else those its reservations were made in)."""
+        from decider.placement import held  # the registry imports this module
+
+        known = set(self.snapshot.membership.get(name, ()))
+        for reservation in self.reservations.values():
+            if reservation.node == name:
+                known.update(reservation.domains)
+        found = []
+        for ref in sorted(known):
+            hold = self.holds.get(ref)
+            if hold is not None:
+                reason = (
+                    f"{ref.kind} {ref.name} held: {hold.reason} "
+                    "(from the node's last known domains)"
+                )
+                found.append((held.name, reason))
+        return tuple(found)
 
     def all_domains(self, node: NodeState) -> tuple[DomainState, ...]:
         """Every domain of the node, its row, room and site included, as of this view."""
