@@ -115,11 +115,12 @@ def create_app(service: Service) -> FastAPI:
         service.counters.count(
             "placement", view.mode, len(decision.verdicts), decision.refusals_by_rule, refused
         )
+        answer = decision.as_json()  # its summary is recorded too: worked out once
         replica = body.replica
         service.decisions.record(
             "placement",
             f"{replica.model} ({replica.profile}, {replica.gpus} GPUs)",
-            decision.summary()
+            answer["summary"]
             + (f"; first: {decision.order[0]}" if decision.order else "; no node allowed"),
             allowed=bool(decision.order),
             refusals=(
@@ -128,7 +129,7 @@ def create_app(service: Service) -> FastAPI:
                 for _, reason in verdict.refusals
             ),
         )
-        return json_response(decision.as_json())
+        return json_response(answer)
 
     # --- reservations -------------------------------------------------------------------------
 

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "exporter_scrape.py"
+from tests.benchmark_module import benchmark_module
+
 NODE_EXPORTER = shutil.which("prometheus-node-exporter")
 
 needs_node_exporter = pytest.mark.skipif(
@@ -22,15 +20,8 @@ needs_node_exporter = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("exporter_scrape", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("exporter_scrape") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
 
 
 def test_percentile_interpolates_like_numpy(bench):

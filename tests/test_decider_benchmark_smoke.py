@@ -2,33 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from decider.facility import DomainRef, Facility
 from decider.prometheus import PrometheusReader, refresh
 from decider.snapshot import PARTS, Snapshot
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "decider_placement.py"
+from tests.benchmark_module import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("decider_placement", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("decider_placement") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
 
 
 def test_the_site_has_racks_of_eight_each_fed_by_two_pdus(bench):

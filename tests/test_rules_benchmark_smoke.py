@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import shutil
 import subprocess
-import sys
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "rules_eval.py"
+from tests.benchmark_module import benchmark_module
 
 needs_prometheus = pytest.mark.skipif(
     shutil.which("prometheus") is None or shutil.which("promtool") is None,
@@ -25,15 +22,8 @@ needs_prometheus = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("rules_eval", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("rules_eval") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
 
 
 def test_topology_racks_rows_rooms(bench):
