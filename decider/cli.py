@@ -31,7 +31,6 @@ from exporter import config as agent_config
 from exporter.yamlfile import ConfigError
 
 PROG = "llmgw-facility"
-NOT_BUILT: tuple[str, ...] = ()
 
 #: Exit status for a facility file that cannot be used (argparse uses 2 for bad usage too).
 EXIT_BAD_FILE = 2
@@ -685,8 +684,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="stop after the story; exit 0 only if every step happened in time",
     )
-    for name in NOT_BUILT:
-        commands.add_parser(name, help="not built yet")
     return parser
 
 
@@ -715,9 +712,6 @@ def main(argv: list[str] | None = None) -> int:
         from decider.demo.main import run as demo
 
         return demo(once=args.once)
-    if args.command in NOT_BUILT:
-        print(f"{PROG} {args.command}: not built yet", file=sys.stderr)
-        return 2
     return call_decider(args, parser)
 
 
