@@ -236,6 +236,27 @@ class Feed(_Model):
         return check_name(pdu, "pdu")
 
 
+#: The phases of a three-phase PDU, as the facility file names them (docs/facility.md).
+PHASES: tuple[str, ...] = ("L1", "L2", "L3")
+
+
+def _check_phase(name: str) -> str:
+    if name not in PHASES:
+        raise ValueError(f"{name!r} is not a phase: L1, L2 or L3")
+    return name
+
+
+PhaseName = Annotated[str, BeforeValidator(_name_from_yaml), AfterValidator(_check_phase)]
+
+
+class Phase(_Model):
+    """One phase of a three-phase PDU: its breaker's rating, derated as a feed is, and the
+    draw on it that no node reports (None: see `Domain.phase_other_watts`)."""
+
+    rating_watts: float = Field(gt=0)
+    other_watts: float | None = Field(None, ge=0)
+
+
 class Domain(_Model):
     """One declared domain: its budget, what no node reports, and its own thresholds.
 
@@ -247,6 +268,8 @@ class Domain(_Model):
     feeds: tuple[Feed, ...] = ()
     other_watts: float = Field(0.0, ge=0)
     thresholds: Thresholds = Thresholds()
+    #: A three-phase PDU's phases (only on `pdu/…`): each one a limit of its own.
+    phases: dict[PhaseName, Phase] = {}
 
     @field_validator("feeds")
     @classmethod
@@ -275,6 +298,21 @@ class Domain(_Model):
         caps = [cap for cap in (self.cap_watts, self.feed_cap_watts(derating)) if cap is not None]
         return min(caps) if caps else None
 
+    def phase_cap_watts(self, phase: str, derating: float) -> float | None:
+        """The phase's cap: its rating * derating, as for a feed; None: no such phase."""
+        declared = self.phases.get(phase)
+        return None if declared is None else declared.rating_watts * derating
+
+    def phase_other_watts(self, phase: str) -> float:
+        """What no node reports on the phase. Where any phase sets `other_watts`, each phase
+        counts its own (0 where it sets none); where none does, the PDU's whole
+        `other_watts` counts on every phase: nobody said on which it is, and the safe side
+        is all of them."""
+        if any(declared.other_watts is not None for declared in self.phases.values()):
+            declared = self.phases.get(phase)
+            return (declared.other_watts or 0.0) if declared is not None else 0.0
+        return self.other_watts
+
     @model_validator(mode="after")
     def _consistent_with_defaults(self) -> Domain:
         defaults = _DEFAULTS.get()
@@ -297,9 +335,37 @@ class Domain(_Model):
                     self.other_watts,
                 )
             )
+        problems += self._phase_problems(defaults.derating)
         if problems:
             raise ValidationError.from_exception_data(type(self).__name__, problems)
         return self
+
+    def _phase_problems(self, derating: float) -> list[InitErrorDetails]:
+        if not self.phases:
+            return []
+        problems: list[InitErrorDetails] = []
+        absent = [phase for phase in PHASES if phase not in self.phases]
+        if absent:
+            problems.append(
+                _error(
+                    ("phases",),
+                    f"a three-phase PDU lists L1, L2 and L3; {', '.join(absent)} "
+                    f"{'is' if len(absent) == 1 else 'are'} missing",
+                    sorted(self.phases),
+                )
+            )
+        for phase, declared in self.phases.items():
+            cap = declared.rating_watts * derating
+            if declared.other_watts is not None and declared.other_watts >= cap:
+                problems.append(
+                    _error(
+                        ("phases", phase, "other_watts"),
+                        f"other_watts {declared.other_watts:g} leaves no room under phase "
+                        f"{phase}'s cap of {cap:g} W (rating_watts × derating)",
+                        declared.other_watts,
+                    )
+                )
+        return problems
 
 
 class Profile(_Model):
@@ -396,6 +462,13 @@ class Signals(_Model):
         }
 
 
+class NodeWiring(_Model):
+    """How one node is wired: the phase of each three-phase PDU it draws from (`phases`,
+    by PDU name as in `pdu/NAME`)."""
+
+    phases: dict[Name, PhaseName] = {}
+
+
 class Facility(_Model):
     """The whole facility file. Domains keep the file's order."""
 
@@ -410,6 +483,35 @@ class Facility(_Model):
     mode: Mode = "observe"
     shedding: Shedding = Shedding()
     signals: Signals = Signals()
+    #: Per node: the phase it draws from on each three-phase PDU (docs/facility.md "Phases").
+    nodes: dict[Name, NodeWiring] = {}
+
+    @model_validator(mode="after")
+    def _phases_where_they_belong(self) -> Facility:
+        problems: list[InitErrorDetails] = []
+        for key, domain in self.domains.items():
+            kind = key.partition("/")[0]
+            if domain.phases and kind != "pdu":
+                problems.append(
+                    _error(
+                        ("domains", key, "phases"),
+                        f"only a pdu has phases; {key} is a {kind} (give them to its pdus)",
+                        sorted(domain.phases),
+                    )
+                )
+        for node, wiring in self.nodes.items():
+            for pdu, phase in wiring.phases.items():
+                domain = self.domain("pdu", pdu)
+                if domain is None:
+                    reason = f"no domain pdu/{pdu} in domains: declare it, with its phases"
+                elif not domain.phases:
+                    reason = f"pdu/{pdu} declares no phases: give it L1, L2 and L3"
+                else:
+                    continue
+                problems.append(_error(("nodes", node, "phases", pdu), reason, phase))
+        if problems:
+            raise ValidationError.from_exception_data(type(self).__name__, problems)
+        return self
 
     @model_validator(mode="wrap")
     @classmethod
@@ -461,6 +563,19 @@ class Facility(_Model):
     def thresholds(self, kind: str, name: str) -> ResolvedThresholds:
         """The thresholds in force: the domain's own, else defaults, else the built-ins."""
         return ResolvedThresholds(**(BUILTIN_THRESHOLDS | self.written_thresholds(kind, name)))
+
+    def phased_pdus(self) -> dict[str, Domain]:
+        """The declared pdus that have phases, by name."""
+        return {
+            key.partition("/")[2]: domain
+            for key, domain in self.domains.items()
+            if domain.phases and key.startswith("pdu/")
+        }
+
+    def node_phase(self, node: str, pdu: str) -> str | None:
+        """The node's phase on the pdu, as the file gives it; None: not given."""
+        wiring = self.nodes.get(node)
+        return None if wiring is None else wiring.phases.get(pdu)
 
 
 def load(path: Path) -> Facility:

@@ -18,7 +18,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decider.models import Replica
-from decider.placement import condition, held, hot, over_cap, power_cap, rack_room, spread
+from decider.placement import (
+    condition,
+    held,
+    hot,
+    over_cap,
+    phases,
+    power_cap,
+    rack_room,
+    spread,
+)
 from decider.placement.estimate import Estimate, estimate
 from decider.placement.view import NodeState, View
 
@@ -131,6 +140,10 @@ def judge(
         margin = view.facility.defaults.margin
         for domain in view.all_domains(node):
             reason = power_cap.refuse(domain, guess.watts, margin)
+            if reason is not None:
+                refusals.append((power_cap.name, reason))
+        for phase in node.phases:  # a three-phase pdu's phases: budgets of their own
+            reason = phases.refuse(phase, guess.watts, margin)
             if reason is not None:
                 refusals.append((power_cap.name, reason))
     return Verdict(node, guess, refusals, headroom)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Hashable
 from dataclasses import dataclass
 
-from decider.facility import DomainRef, Profile
+from decider.facility import PHASES, DomainRef, Profile
 from decider.models import Replica
 from decider.placement.estimate import estimate
 from decider.placement.view import View
@@ -27,6 +28,12 @@ class Fit:
     domain: DomainRef
     replicas: int | None  # None: unbounded
     binds: list[tuple[str, int]]  # (what stopped a node, how many nodes it stopped)
+
+
+@dataclass(frozen=True)
+class PhaseFit:
+    phase: str
+    fit: Fit  # over the pdu's nodes on this phase
 
 
 def replica_of(name: str, profile: Profile) -> Replica:
@@ -52,8 +59,30 @@ def fits(view: View, profile_name: str, profile: Profile) -> list[Fit]:
     return results
 
 
+def phase_fits(view: View, profile_name: str, profile: Profile) -> dict[str, list[PhaseFit]]:
+    """Per phased pdu, per phase: the dry run over the pdu's nodes on that phase, and those
+    the file gives no phase (they count against every phase, so they are in each)."""
+    from decider.placement import phases
+
+    if not view.phased_pdus:
+        return {}
+    replica = replica_of(profile_name, profile)
+    found: dict[str, list[PhaseFit]] = {}
+    for pdu in sorted(view.phased_pdus):
+        ref = DomainRef("pdu", pdu)
+        members = phases.phase_members(view, pdu)
+        found[pdu] = [
+            PhaseFit(
+                phase,
+                _fit_domain(view, replica, ref, members.get(phase, []) + members.get(None, [])),
+            )
+            for phase in PHASES
+        ]
+    return found
+
+
 def _fit_domain(view: View, replica: Replica, ref: DomainRef, nodes: list[str]) -> Fit:
-    rooms: dict[DomainRef, float] = {}
+    rooms: dict[Hashable, float] = {}  # by DomainRef, and (pdu, phase) for phases
     binds: Counter[str] = Counter()
     placed = 0
     unbounded = False
@@ -64,32 +93,38 @@ def _fit_domain(view: View, replica: Replica, ref: DomainRef, nodes: list[str]) 
         node = view.node(name)
         every = view.all_domains(node)
         refusals = [reason for domain in every for _, reason in domain.refusals]
+        refusals += [reason for phase in node.phases for _, reason in phase.refusals]
         if refusals:
             binds[refusals[0]] += 1
             continue
         watts = estimate(replica, node, view.facility, site_limit).watts
         free_gpus = None if node.gpus is None else node.gpus - node.reserved_gpus
-        budgeted = [domain for domain in every if domain.room is not None]
-        for domain in budgeted:
-            rooms.setdefault(domain.ref, domain.room or 0.0)
+        # (key, how a reason names it, room): budgeted domains, then the node's phases
+        budgeted: list[tuple[Hashable, str, float]] = [
+            (domain.ref, f"{domain.ref.kind} {domain.ref.name}", domain.room)
+            for domain in every
+            if domain.room is not None
+        ]
+        budgeted += [((p.pdu.name, p.phase), p.label, p.room) for p in node.phases]
+        for key, _, room in budgeted:
+            rooms.setdefault(key, room)
         count = 0
         while True:
             if free_gpus is not None and replica.gpus and free_gpus < replica.gpus:
                 binds[f"GPUs: {name} has {max(free_gpus, 0)} free"] += 1
                 break
-            tight = min(budgeted, key=lambda domain: rooms[domain.ref], default=None)
-            if tight is not None and rooms[tight.ref] < watts:
+            tight = min(budgeted, key=lambda entry: rooms[entry[0]], default=None)
+            if tight is not None and rooms[tight[0]] < watts:
                 binds[
-                    f"power: {tight.ref.kind} {tight.ref.name} has "
-                    f"{_kw_down(max(rooms[tight.ref], 0))} kW left, a replica needs "
-                    f"~{_kw_up(watts)}"
+                    f"power: {tight[1]} has {_kw_down(max(rooms[tight[0]], 0))} kW left, "
+                    f"a replica needs ~{_kw_up(watts)}"
                 ] += 1
                 break
             if count >= UNBOUNDED or (tight is None and (free_gpus is None or not replica.gpus)):
                 unbounded = True
                 break
-            for domain in budgeted:
-                rooms[domain.ref] -= watts
+            for key, _, _ in budgeted:
+                rooms[key] -= watts
             if free_gpus is not None:
                 free_gpus -= replica.gpus
             count += 1

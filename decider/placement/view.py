@@ -13,10 +13,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
+from typing import TYPE_CHECKING
 
-from decider.facility import DomainRef, Facility
+from decider.facility import Domain, DomainRef, Facility
 from decider.snapshot import Condition, Snapshot
 from decider.store import Hold, Reservation
+
+if TYPE_CHECKING:
+    from decider.placement.phases import PhaseKey, PhaseState
 
 #: Kinds a node's cached state covers; a node's row, room and site are read per request.
 FINE_KINDS = frozenset({"rack", "pdu"})
@@ -110,6 +114,9 @@ class NodeState:
     #: reservation changes them for every node, and rebuilding 10,000 nodes' states for it
     #: would cost more than the placement. Empty: `domains` holds every domain.
     coarse: tuple[DomainRef, ...] = ()
+    #: The phases its load counts against, of its three-phase pdus (decider.placement.phases);
+    #: their rooms are in `room`, their refusals in `refusals`.
+    phases: tuple[PhaseState, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -207,6 +214,32 @@ class View:
     def _nodes(self) -> dict[str, NodeState]:
         return {}
 
+    # --- phases of three-phase pdus (decider.placement.phases) --------------------------------
+
+    @cached_property
+    def phased_pdus(self) -> dict[str, Domain]:
+        return self.facility.phased_pdus()
+
+    @cached_property
+    def phase_reserved(self) -> dict[PhaseKey, float]:
+        from decider.placement import phases  # the registry imports this module
+
+        return phases.reserved_by_phase(self)
+
+    @cached_property
+    def _phases(self) -> dict[PhaseKey, PhaseState]:
+        return {}
+
+    def phase(self, pdu: str, phase: str) -> PhaseState:
+        """One phase of a phased pdu, worked out once per view (as `node`)."""
+        from decider.placement import phases
+
+        state = self._phases.get((pdu, phase))
+        if state is None:
+            state = phases.phase_state(self, pdu, phase)
+            self._phases[(pdu, phase)] = state
+        return state
+
     @cached_property
     def members(self) -> dict[DomainRef, list[str]]:
         """The nodes of each domain (current membership)."""
@@ -267,7 +300,19 @@ class View:
                         if not counts[key]:
                             del counts[key]
             mine["replicas_by_model"] = counts
-        for name in ("members", "gaps", "site_gpu_limit_watts"):
+        if "phase_reserved" in cache:
+            from decider.placement import phases
+
+            by_phase = dict(cache["phase_reserved"])
+            for reservation, sign in [(r, 1.0) for r in added] + [(r, -1.0) for r in removed]:
+                for key in phases.reservation_phases(previous, reservation):
+                    total = by_phase.get(key, 0.0) + sign * reservation.estimate_watts
+                    by_phase[key] = max(0.0, total)
+            mine["phase_reserved"] = by_phase
+        if "_phases" in cache:
+            pdus = {ref.name for ref in touched if ref.kind == "pdu"}
+            mine["_phases"] = {k: v for k, v in cache["_phases"].items() if k[0] not in pdus}
+        for name in ("members", "gaps", "site_gpu_limit_watts", "phased_pdus"):
             if name in cache:
                 mine[name] = cache[name]
         if "domain_refs" in cache:
@@ -322,7 +367,17 @@ class View:
                 rack = domain
         if not refs and self.holds:
             refusals = self._holds_as_last_known(name)
+        node_phases: tuple[PhaseState, ...] = ()
+        if refs and self.phased_pdus:
+            from decider.placement import phases
+
+            node_phases = tuple(self.phase(*key) for key in phases.phases_of(self, name, refs))
+            for phase in node_phases:
+                refusals += phase.refusals
+                if room is None or phase.room < room:
+                    room = phase.room
         return NodeState(
+            phases=node_phases,
             node=name,
             coarse=tuple(coarse),
             domains=tuple(fine),
@@ -392,6 +447,10 @@ class View:
             unknown = [ref for ref, d in self.domains.items() if d.condition == "unknown"]
             if unknown:
                 notes.append(f"no fresh condition for {_some(unknown)}: unknown, placed as ok")
+        if self.phased_pdus:
+            from decider.placement import phases
+
+            notes += phases.notes(self)
         return tuple(notes)
 
     def all_missing(self) -> list[str]:
