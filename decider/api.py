@@ -30,7 +30,7 @@ from decider.models import (
     ReservationOut,
     ReservationRequest,
 )
-from decider.placement import capacity
+from decider.placement import capacity, phases
 from decider.placement.view import View
 from decider.store import StoreError
 
@@ -223,21 +223,25 @@ def create_app(service: Service) -> FastAPI:
                 404, f"no profile {profile!r} in the facility file (profiles: {known})"
             )
         fits = capacity.fits(view, profile, declared)
+        by_phase = capacity.phase_fits(view, profile, declared)
+        entries = []
+        for fit in fits:
+            entry = {"kind": fit.domain.kind, "domain": fit.domain.name, **fit_json(fit)}
+            if fit.domain.kind == "pdu" and fit.domain.name in by_phase:
+                entry["phases"] = [
+                    {"phase": each.phase, **fit_json(each.fit)}
+                    for each in by_phase[fit.domain.name]
+                ]
+            entries.append(entry)
         return json_response(
-            {
-                "profile": profile,
-                "domains": [
-                    {
-                        "kind": fit.domain.kind,
-                        "domain": fit.domain.name,
-                        "fits": fit.replicas,
-                        "binds": [{"reason": why, "nodes": count} for why, count in fit.binds],
-                    }
-                    for fit in fits
-                ],
-                "missing": list(view.missing),
-            }
+            {"profile": profile, "domains": entries, "missing": list(view.missing)}
         )
+
+    def fit_json(fit: capacity.Fit) -> dict[str, Any]:
+        return {
+            "fits": fit.replicas,
+            "binds": [{"reason": why, "nodes": count} for why, count in fit.binds],
+        }
 
     @app.get("/v1/domains", summary="Every known domain: budget, load, condition, hold")
     async def domains() -> Response:
@@ -274,6 +278,11 @@ def create_app(service: Service) -> FastAPI:
         content["reservations"] = [
             r.as_json() for r in view.reservations.values() if ref in view.reservation_domains(r)
         ]
+        if "phases" in content:  # which nodes the file puts on each phase
+            by_phase = phases.phase_members(view, ref.name)
+            for entry in content["phases"]:
+                entry["nodes"] = by_phase.get(entry["phase"], [])
+            content["nodes_without_phase"] = by_phase.get(None, [])
         content["missing"] = list(view.missing)
         return json_response(content)
 
@@ -352,4 +361,26 @@ def domain_json(view: View, ref: DomainRef) -> dict[str, Any]:
         "condition": domain.condition,
         "reading_age_seconds": domain.reading_age,
         "held": None if held is None else {"reason": held.reason, "since": held.held_at},
+    } | phases_json(view, ref)
+
+
+def phases_json(view: View, ref: DomainRef) -> dict[str, Any]:
+    """A three-phase pdu's phases (decider.placement.phases); nothing for any other domain."""
+    if ref.kind != "pdu" or ref.name not in view.phased_pdus:
+        return {}
+    return {
+        "phases": [
+            {
+                "phase": state.phase,
+                "rating_watts": state.rating,
+                "cap_watts": state.cap,
+                "limit_watts": state.limit,
+                "other_watts": state.other_watts,
+                "reserved_watts": round(state.reserved, 1),
+                "load_watts": round(state.load, 1),
+                "load_basis": state.load_basis,
+                "headroom_watts": round(state.headroom, 1),
+            }
+            for state in phases.pdu_phases(view, ref.name)
+        ]
     }

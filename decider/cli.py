@@ -364,6 +364,7 @@ def facility_table(decider: Decider, as_json: bool) -> int:
                     held["reason"] if held else "-",
                 ]
             )
+            rows += phase_rows(entry)
         headers = (
             "DOMAIN",
             "CONDITION",
@@ -377,6 +378,22 @@ def facility_table(decider: Decider, as_json: bool) -> int:
             print(line)
     print_missing(answer.get("missing", []))
     return 0
+
+
+def phase_rows(entry: dict[str, Any]) -> list[list[str]]:
+    """A three-phase pdu's phases under its row: cap, reserved, headroom; nothing measured."""
+    return [
+        [
+            f"  phase {phase['phase']}",
+            "",
+            kw(phase.get("cap_watts")),
+            kw(phase.get("reserved_watts")),
+            "-",
+            kw(phase.get("headroom_watts")),
+            "",
+        ]
+        for phase in entry.get("phases") or []
+    ]
 
 
 def hold(decider: Decider, ref: DomainRef, reason: str) -> int:
@@ -470,6 +487,21 @@ def headroom(decider: Decider, profile: str, as_json: bool) -> int:
                 binds or "-",
             ]
         )
+        for phase in entry.get("phases") or []:  # a three-phase pdu: what fits on each phase
+            phase_fits = phase.get("fits")
+            rows.append(
+                [
+                    f"  phase {phase['phase']}",
+                    "unbounded" if phase_fits is None else str(phase_fits),
+                    "; ".join(
+                        bind["reason"]
+                        if bind.get("nodes", 1) <= 1
+                        else f"{bind['reason']} ({bind['nodes']} nodes)"
+                        for bind in phase.get("binds", [])
+                    )
+                    or "-",
+                ]
+            )
     for line in table(("DOMAIN", "FITS", "WHAT BINDS"), rows, frozenset({1})):
         print(line)
     print_missing(answer.get("missing", []))

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from decider.placement import RULES
+from decider.placement import RULES, phases
 from decider.placement.view import View
 
 CALLS = ("placement", "reservation")
@@ -96,6 +96,8 @@ class DomainCollector(Collector):
             reserved.add_metric(values, domain.reserved)
             held.add_metric(values, 1.0 if domain.held else 0.0)
         yield from (budget, reserved, headroom, held)
+        if view.phased_pdus:
+            yield from phase_families(view)
 
         snapshot = view.snapshot
         up = GaugeMetricFamily(
@@ -130,3 +132,31 @@ class DomainCollector(Collector):
         reservations.add_metric(["confirmed"], confirmed)
         reservations.add_metric(["pending"], len(view.reservations) - confirmed)
         yield reservations
+
+
+def phase_families(view: View) -> Iterator[GaugeMetricFamily]:
+    """The phases of three-phase pdus (decider.placement.phases): budget, reserved, headroom."""
+    labels = ["kind", "domain", "phase"]
+    budget = GaugeMetricFamily(
+        "llmgw_domain_phase_power_budget_watts",
+        "A three-phase PDU's phase cap from the facility file (rating × derating).",
+        labels=labels,
+    )
+    reserved = GaugeMetricFamily(
+        "llmgw_domain_phase_reserved_watts",
+        "Estimated draw of the replicas reserved on the phase (a node with no phase given "
+        "counts on every phase).",
+        labels=labels,
+    )
+    headroom = GaugeMetricFamily(
+        "llmgw_domain_phase_headroom_watts",
+        "Phase cap minus load (reserved plus the phase's other_watts).",
+        labels=labels,
+    )
+    for pdu in sorted(view.phased_pdus):
+        for state in phases.pdu_phases(view, pdu):
+            values = ["pdu", pdu, state.phase]
+            budget.add_metric(values, state.cap)
+            reserved.add_metric(values, state.reserved)
+            headroom.add_metric(values, state.headroom)
+    yield from (budget, reserved, headroom)
