@@ -387,12 +387,14 @@ def test_the_example_file_has_phases() -> None:
     pdu = facility.domain("pdu", "r12-07-a")
     assert pdu is not None
     assert {phase: declared.rating_watts for phase, declared in pdu.phases.items()} == {
-        "L1": 5_770,
-        "L2": 5_770,
-        "L3": 5_770,
+        "L1": 8_500,
+        "L2": 8_500,
+        "L3": 8_500,
     }
-    assert facility.node_phase("gpu-r12-07-03", "r12-07-a") == "L1"
-    assert facility.node_phase("gpu-r12-07-03", "r12-07-b") == "L2"
+    assert pdu.phase_cap_watts("L1", facility.defaults.derating) == 6_800
+    assert [pdu.phase_other_watts(phase) for phase in PHASES] == [0, 0, 300]
+    assert facility.node_phase("gpu-r12-07-04", "r12-07-a") == "L1"
+    assert facility.node_phase("gpu-r12-07-04", "r12-07-b") == "L2"
 
 
 # --- property: no accepted reservation takes a phase past its limit ----------------------------
