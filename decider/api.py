@@ -237,12 +237,6 @@ def create_app(service: Service) -> FastAPI:
             {"profile": profile, "domains": entries, "missing": list(view.missing)}
         )
 
-    def fit_json(fit: capacity.Fit) -> dict[str, Any]:
-        return {
-            "fits": fit.replicas,
-            "binds": [{"reason": why, "nodes": count} for why, count in fit.binds],
-        }
-
     @app.get("/v1/domains", summary="Every known domain: budget, load, condition, hold")
     async def domains() -> Response:
         view = service.state.view()
@@ -362,6 +356,14 @@ def domain_json(view: View, ref: DomainRef) -> dict[str, Any]:
         "reading_age_seconds": domain.reading_age,
         "held": None if held is None else {"reason": held.reason, "since": held.held_at},
     } | phases_json(view, ref)
+
+
+def fit_json(fit: capacity.Fit) -> dict[str, Any]:
+    """A headroom figure: how many more fit, and what binds."""
+    return {
+        "fits": fit.replicas,
+        "binds": [{"reason": why, "nodes": count} for why, count in fit.binds],
+    }
 
 
 def phases_json(view: View, ref: DomainRef) -> dict[str, Any]:

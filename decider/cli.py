@@ -487,25 +487,32 @@ def headroom(decider: Decider, profile: str, as_json: bool) -> int:
                 binds or "-",
             ]
         )
-        for phase in entry.get("phases") or []:  # a three-phase pdu: what fits on each phase
-            phase_fits = phase.get("fits")
-            rows.append(
-                [
-                    f"  phase {phase['phase']}",
-                    "unbounded" if phase_fits is None else str(phase_fits),
-                    "; ".join(
-                        bind["reason"]
-                        if bind.get("nodes", 1) <= 1
-                        else f"{bind['reason']} ({bind['nodes']} nodes)"
-                        for bind in phase.get("binds", [])
-                    )
-                    or "-",
-                ]
-            )
+        rows += phase_fit_rows(entry)
     for line in table(("DOMAIN", "FITS", "WHAT BINDS"), rows, frozenset({1})):
         print(line)
     print_missing(answer.get("missing", []))
     return 0
+
+
+def phase_fit_rows(entry: dict[str, Any]) -> list[list[str]]:
+    """A three-phase pdu's phases under its headroom row: what fits on each, what binds."""
+    rows = []
+    for phase in entry.get("phases") or []:
+        fits = phase.get("fits")
+        binds = "; ".join(
+            bind["reason"]
+            if bind.get("nodes", 1) <= 1
+            else f"{bind['reason']} ({bind['nodes']} nodes)"
+            for bind in phase.get("binds", [])
+        )
+        rows.append(
+            [
+                f"  phase {phase['phase']}",
+                "unbounded" if fits is None else str(fits),
+                binds or "-",
+            ]
+        )
+    return rows
 
 
 def decider_url(text: str) -> str:
