@@ -320,3 +320,19 @@ def test_the_api_ranks_a_models_profiles_and_places_with_alternatives(running: D
             },
         )
         assert bad.status_code == 422 and problem in bad.json()["detail"], bad.text
+
+
+def test_the_cli_shows_the_ranking(running: Decider, capsys: pytest.CaptureFixture[str]):
+    from decider.cli import main
+
+    assert main(["profiles", MODEL, "--decider", running.url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"{MODEL}: best b200-tp2, 3.67 tokens/J")
+    assert lines[1].split() == [
+        "RANK", "PROFILE", "STATUS", "TOKENS/J", "TOKENS/S", "WATTS", "REPLICAS", "AGE", "S"
+    ]  # fmt: skip
+    assert lines[2].split()[:4] == ["1", "b200-tp2", "measured", "3.667"]
+    assert lines[3].split()[:7] == ["2", "h100-tp4", "measured", "2.352", "5858.5", "2490.5", "1"]
+    assert lines[4].split() == ["-", "h100-tp8", "unmeasured", "-", "-", "-", "-", "-"]
+    assert main(["profiles", "no-such-model", "--decider", running.url]) == 1
+    assert "no profile of model 'no-such-model'" in capsys.readouterr().err
