@@ -20,7 +20,7 @@ from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic_core import to_json
 
-from decider import placement
+from decider import placement, power_capping
 from decider import profiles as profile_ranking
 from decider.facility import DomainRef
 from decider.models import (
@@ -325,6 +325,32 @@ def create_app(service: Service) -> FastAPI:
                 f"(models known: {known})",
             )
         return json_response(profile_ranking.answer(view, model, ranked))
+
+    # --- power capping ------------------------------------------------------------------------
+
+    @app.get(
+        "/v1/power-capping",
+        summary="The GPU power limit that would bring each warm, hot or over-budget domain "
+        "back under its target (a recommendation; nothing is actuated)",
+    )
+    async def power_capping_recommendations(
+        domain: Annotated[str | None, Query(description="kind/name: one domain only")] = None,
+    ) -> Response:
+        view = service.state.view()
+        if domain is None:
+            found = power_capping.recommendations(view)
+        else:
+            kind, _, name = domain.partition("/")
+            ref = known(view, kind, name)
+            one = power_capping.recommend(view, ref)
+            found = [] if one is None else [one]
+        return json_response(
+            {
+                "recommendations": [recommendation.as_json() for recommendation in found],
+                "actuated": False,
+                "missing": list(view.missing),
+            }
+        )
 
     # --- operations ---------------------------------------------------------------------------
 
