@@ -595,6 +595,8 @@ def test_health_readiness_status_page_and_openapi(shared):
         "/v1/domains/{kind}/{name}": {"get"},
         "/v1/domains/{kind}/{name}/hold": {"post"},
         "/v1/domains/{kind}/{name}/release": {"post"},
+        "/v1/profiles/{model}": {"get"},
+        "/v1/power-capping": {"get"},
         "/-/reload": {"post"},
         "/healthz": {"get"},
         "/readyz": {"get"},
