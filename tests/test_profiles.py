@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from decider.config import Staleness
 from decider.facility import DomainRef, Facility
@@ -336,3 +338,58 @@ def test_the_cli_shows_the_ranking(running: Decider, capsys: pytest.CaptureFixtu
     assert lines[4].split() == ["-", "h100-tp8", "unmeasured", "-", "-", "-", "-", "-"]
     assert main(["profiles", "no-such-model", "--decider", running.url]) == 1
     assert "no profile of model 'no-such-model'" in capsys.readouterr().err
+
+
+# --- the choice as a property ----------------------------------------------------------------
+
+FIGURE = st.one_of(
+    st.none(),  # never measured
+    st.tuples(st.floats(0.1, 10), st.sampled_from([NOW, NOW - 300])),  # fresh or stale
+)
+
+
+@given(
+    default=st.tuples(FIGURE, st.integers(1_000, 12_000)),
+    alternatives=st.lists(st.tuples(FIGURE, st.integers(1_000, 12_000)), max_size=5),
+)
+def test_the_choice_is_the_best_placeable_profile_measured_better_than_the_default(
+    default: tuple[tuple[float, float] | None, int],
+    alternatives: list[tuple[tuple[float, float] | None, int]],
+):
+    # Rack r1 takes up to 10 000 × 0.9 = 9 000 W: a profile drawing more is allowed nowhere.
+    names = ["own", *(f"alt{index}" for index in range(len(alternatives)))]
+    offers = [default, *alternatives]
+    figures = {
+        (MODEL, name): ProfileFigures(figure[0], None, None, None, figure[1])
+        for name, (figure, _) in zip(names, offers, strict=True)
+        if figure is not None
+    }
+    body = {
+        "replica": {"model": MODEL, "profile": "own", "gpus": 1, "power_watts": default[1]},
+        "candidates": ["n1", "n2"],
+        "profiles": [
+            {"profile": name, "gpus": 1, "power_watts": watts}
+            for name, (_, watts) in zip(names[1:], alternatives, strict=True)
+        ],
+    }
+    _, replica, choice = profile_choice.choose(
+        make_view(figures), PlacementRequest.model_validate(body)
+    )
+
+    def fresh(index: int) -> float | None:
+        figure = offers[index][0]
+        return figure[0] if figure is not None and figure[1] == NOW else None
+
+    def placeable(index: int) -> bool:
+        return offers[index][1] <= 9_000
+
+    chosen = names.index(choice["chosen"])
+    assert replica.profile == choice["chosen"]
+    own = fresh(0)
+    better = [i for i in range(1, len(offers)) if own is not None and (fresh(i) or 0) > own]
+    placeable_better = [i for i in better if placeable(i)]
+    if not placeable_better:
+        assert chosen == 0  # nothing measured better and placeable: the default stays
+    else:
+        assert chosen in placeable_better
+        assert fresh(chosen) == max(fresh(i) or 0 for i in placeable_better)
