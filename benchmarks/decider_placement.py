@@ -304,6 +304,7 @@ def prometheus_answers(site: Site) -> dict[str, bytes]:
         "ages": _vector([(labels(ref), age) for ref, age in ages.items()]),
         "gpus": _vector([({"node": node}, GPUS_PER_NODE) for node in site.nodes]),
         "limits": _vector([({"node": node}, GPU_LIMIT_WATTS) for node in site.nodes]),
+        "profiles": _vector([]),  # placements without alternatives never read it
     }
 
 

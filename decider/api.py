@@ -20,7 +20,8 @@ from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic_core import to_json
 
-from decider import placement
+from decider import placement, power_capping
+from decider import profiles as profile_ranking
 from decider.facility import DomainRef
 from decider.models import (
     HoldRequest,
@@ -30,7 +31,7 @@ from decider.models import (
     ReservationOut,
     ReservationRequest,
 )
-from decider.placement import capacity, phases
+from decider.placement import capacity, phases, profile_choice
 from decider.placement.view import View
 from decider.store import StoreError
 
@@ -110,13 +111,22 @@ def create_app(service: Service) -> FastAPI:
     )
     async def placements(body: PlacementRequest) -> Response:
         view = service.state.view()
-        decision = placement.decide(view, body.replica, body.candidates)
+        replica = body.replica
+        choice: dict[str, Any] | None = None
+        if body.profiles is None:
+            decision = placement.decide(view, replica, body.candidates)
+        else:
+            try:
+                decision, replica, choice = profile_choice.choose(view, body)
+            except profile_choice.BadOption as exc:
+                return json_response({"detail": str(exc), "problems": [str(exc)]}, 422)
         refused = sum(1 for verdict in decision.verdicts if verdict.refusals)
         service.counters.count(
             "placement", view.mode, len(decision.verdicts), decision.refusals_by_rule, refused
         )
         answer = decision.as_json()  # its summary is recorded too: worked out once
-        replica = body.replica
+        if choice is not None:
+            answer["profile_choice"] = choice
         service.decisions.record(
             "placement",
             f"{replica.model} ({replica.profile}, {replica.gpus} GPUs)",
@@ -299,6 +309,51 @@ def create_app(service: Service) -> FastAPI:
         ref = known(service.state.view(), kind, name)
         service.state.release_hold(ref)
         return json_response(domain_json(service.state.view(), ref))
+
+    # --- profiles -----------------------------------------------------------------------------
+
+    # `:path`: model names hold slashes ("meta-llama/Llama-3.3-70B-Instruct").
+    @app.get(
+        "/v1/profiles/{model:path}",
+        summary="A model's profiles ranked by measured tokens per joule",
+    )
+    async def model_profiles(model: str) -> Response:
+        view = service.state.view()
+        ranked = profile_ranking.standings(view, model)
+        if not ranked:
+            known = ", ".join(profile_ranking.known_models(view)) or "none"
+            raise HTTPException(
+                404,
+                f"no profile of model {model!r} is measured or declared in the facility file "
+                f"(models known: {known})",
+            )
+        return json_response(profile_ranking.answer(view, model, ranked))
+
+    # --- power capping ------------------------------------------------------------------------
+
+    @app.get(
+        "/v1/power-capping",
+        summary="The GPU power limit that would bring each warm, hot or over-budget domain "
+        "back under its target (a recommendation; nothing is actuated)",
+    )
+    async def power_capping_recommendations(
+        domain: Annotated[str | None, Query(description="kind/name: one domain only")] = None,
+    ) -> Response:
+        view = service.state.view()
+        if domain is None:
+            found = power_capping.recommendations(view)
+        else:
+            kind, _, name = domain.partition("/")
+            ref = known(view, kind, name)
+            one = power_capping.recommend(view, ref)
+            found = [] if one is None else [one]
+        return json_response(
+            {
+                "recommendations": [recommendation.as_json() for recommendation in found],
+                "actuated": False,
+                "missing": list(view.missing),
+            }
+        )
 
     # --- operations ---------------------------------------------------------------------------
 

@@ -515,6 +515,37 @@ def phase_fit_rows(entry: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def profiles(decider: Decider, model: str, as_json: bool) -> int:
+    """GET /v1/profiles/{model}: the model's profiles, best tokens per joule first."""
+    answer = decider.call("GET", f"/v1/profiles/{quote(model, safe='/')}")
+    if as_json:
+        show_json(answer)
+        return 0
+
+    def figure(value: Any, digits: int) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    print(answer.get("summary", f"model {model}"))
+    rows = [
+        [
+            "-" if entry.get("rank") is None else str(entry["rank"]),
+            str(entry["profile"]),
+            str(entry["status"]),
+            figure(entry.get("tokens_per_joule"), 3),
+            figure(entry.get("tokens_per_second"), 1),
+            figure(entry.get("watts"), 1),
+            "-" if entry.get("replicas") is None else str(entry["replicas"]),
+            figure(entry.get("age_seconds"), 0),
+        ]
+        for entry in answer.get("profiles", [])
+    ]
+    headers = ("RANK", "PROFILE", "STATUS", "TOKENS/J", "TOKENS/S", "WATTS", "REPLICAS", "AGE S")
+    for line in table(headers, rows, frozenset({0, 3, 4, 5, 6, 7})):
+        print(line)
+    print_missing(answer.get("missing", []))
+    return 0
+
+
 def decider_url(text: str) -> str:
     parsed = urlparse(text)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
@@ -551,6 +582,8 @@ def call_decider(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
             return release(decider, args.domain)
         if args.command == "explain-placement":
             return explain_placement(decider, args)
+        if args.command == "profiles":
+            return profiles(decider, args.model, args.json)
         return headroom(decider, args.profile, args.json)
     except CallFailed as exc:
         print(f"{PROG} {args.command}: {exc}", file=sys.stderr)
@@ -683,6 +716,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="GET /v1/headroom: the scheduler's dry run on a copy; nothing reserved.",
     )
     headroom_parser.add_argument("--profile", required=True, metavar="NAME")
+    profiles_parser = commands.add_parser(
+        "profiles",
+        parents=[api, raw],
+        help="a model's profiles ranked by measured tokens per joule",
+        description="GET /v1/profiles/{model}: ranked by fresh tokens per joule; stale and "
+        "unmeasured profiles are listed, never ranked.",
+    )
+    profiles_parser.add_argument("model", metavar="MODEL")
     simulate = commands.add_parser(
         "simulate",
         help="serve a simulated site's exporter metrics, one scrape target per node",

@@ -369,11 +369,21 @@ class Domain(_Model):
 
 
 class Profile(_Model):
-    """A replica's shape; `power_watts`, when given, is its draw (the operator's figure wins)."""
+    """A replica's shape; `power_watts`, when given, is its draw (the operator's figure wins).
+
+    `models`: the models this profile serves, so GET /v1/profiles/{model} lists it even while
+    nothing measures it. `tokens_per_second_at_gpu_limit`: a replica's measured throughput at
+    per-GPU power limits (watts → tokens/s, from a power-limit sweep), for the throughput a
+    power cap would cost (decider.power_capping); never extrapolated past its points.
+    """
 
     gpus: int = Field(ge=0)
     power_watts: float | None = Field(None, gt=0)
     cpu_cores: float | None = Field(None, gt=0)
+    models: tuple[Annotated[str, Field(min_length=1, max_length=256)], ...] = ()
+    tokens_per_second_at_gpu_limit: dict[
+        Annotated[float, Field(gt=0, le=5000)], Annotated[float, Field(ge=0)]
+    ] = {}
 
     @model_validator(mode="after")
     def _estimable(self) -> Profile:

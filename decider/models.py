@@ -25,9 +25,34 @@ class Replica(_Body):
     class_: str | None = Field(None, alias="class", max_length=64)
 
 
+class ProfileOption(_Body):
+    """Another profile the scheduler could run the replica as (docs/decider.md, "Placement
+    with alternative profiles"). `gpus` may be left out for a profile the facility file
+    declares; `power_watts`, when given, is its draw."""
+
+    profile: str = Field(min_length=1, max_length=256)
+    gpus: int | None = Field(None, ge=0, le=1024)
+    cpu_cores: float | None = Field(None, gt=0, le=100_000)
+    power_watts: float | None = Field(None, gt=0, le=10_000_000)
+
+
 class PlacementRequest(_Body):
     replica: Replica
     candidates: list[str] = Field(max_length=100_000, description="node names, scheduler's order")
+    profiles: list[ProfileOption] | None = Field(
+        None,
+        max_length=16,
+        description="alternative profiles; the replica's own stays the default",
+    )
+
+    @field_validator("profiles")
+    @classmethod
+    def _distinct_profiles(cls, profiles: list[ProfileOption] | None) -> list[ProfileOption] | None:
+        names = [option.profile for option in profiles or []]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"profile {twice[0]!r} is offered more than once")
+        return profiles
 
     @field_validator("candidates")
     @classmethod
@@ -60,12 +85,36 @@ class NodeVerdict(_Body):
     )
 
 
+class ProfileConsidered(_Body):
+    profile: str
+    gpus: int
+    status: Literal["measured", "stale", "unmeasured"]
+    tokens_per_joule: float | None
+    age_seconds: float | None
+    allowed_nodes: int | None = Field(
+        description="nodes enforce mode allows for it; null: not evaluated"
+    )
+
+
+class ProfileChoice(_Body):
+    chosen: str
+    default: str = Field(description="the replica's own profile")
+    would_choose: str | None = Field(
+        None, description="observe mode: what enforce mode would have chosen"
+    )
+    reason: str
+    considered: list[ProfileConsidered]
+
+
 class PlacementResponse(_Body):
     mode: Literal["observe", "enforce"]
     order: list[str]
     nodes: list[NodeVerdict]
     missing: list[str]
     summary: str
+    profile_choice: ProfileChoice | None = Field(
+        None, description="only when the request offers `profiles`: which one was judged, why"
+    )
 
 
 class ReservationRequest(_Body):

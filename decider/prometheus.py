@@ -39,7 +39,7 @@ from urllib3.util import Retry
 from decider.config import DeciderConfig, PrometheusSettings
 from decider.facility import KINDS, DomainRef, Kind
 from decider.promql import format_duration
-from decider.snapshot import INVENTORY_PARTS, PARTS, Condition, Part, Snapshot
+from decider.snapshot import INVENTORY_PARTS, PARTS, Condition, Part, ProfileFigures, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,8 @@ RETRY_ON_STATUS = (500, 502, 503, 504)
 CANCEL_POLL_S = 0.05
 #: The longest error text kept in a Part: enough to say what, short enough for a log line.
 MAX_ERROR_CHARS = 300
+#: The longest query text an error shows.
+MAX_QUERY_CHARS = 100
 
 #: One query per part; `{window}` is a PromQL duration.
 QUERIES: dict[str, str] = {
@@ -64,6 +66,16 @@ QUERIES: dict[str, str] = {
     "ages": "last_over_time(llmgw_domain_reading_age_seconds[{window}])",
     "gpus": "last_over_time(llmgw:node_gpus:count[{window}])",
     "limits": "max by (node) (last_over_time(llmgw_gpu_power_limit_watts[{window}]))",
+    # One query for the four series of a profile, told apart by a `figure` label.
+    "profiles": " or ".join(
+        f'label_replace(last_over_time({series}[{{window}}]), "figure", "{figure}", "", "")'
+        for figure, series in (
+            ("tokens_per_joule", "llmgw:model_profile_tokens_per_joule:ratio5m"),
+            ("tokens_per_second", "llmgw:model_profile_tokens:rate5m"),
+            ("watts", "llmgw:model_profile_power_watts:avg5m"),
+            ("units", "llmgw:model_profile_units:count"),
+        )
+    ),
 }
 assert QUERIES.keys() == PARTS.keys(), "one query per snapshot part"
 
@@ -319,7 +331,52 @@ def _parse(part: str, samples: list[_Sample], dropped: _Dropped) -> Any:
         return {node: int(count) for node, count in counts.items()}
     if part == "limits":
         return _per_node(samples, dropped)
+    if part == "profiles":
+        return _profiles(samples)
     raise AssertionError(f"no parser for part {part!r}")
+
+
+PROFILE_FIGURES = ("tokens_per_joule", "tokens_per_second", "watts", "units")
+
+
+def _profiles(samples: list[_Sample]) -> dict[tuple[str, str], dict[str, float]]:
+    """(model, profile) → {figure: value}; units with no model or profile name (docs/energy.md)
+    are no profile anyone can ask for, and are left out without a note."""
+    found: dict[tuple[str, str], dict[str, float]] = {}
+    for sample in samples:
+        model = sample.labels.get("model", "")
+        profile = sample.labels.get("profile", "")
+        figure = sample.labels.get("figure", "")
+        if model and profile and figure in PROFILE_FIGURES:
+            found.setdefault((model, profile), {})[figure] = sample.value
+    return found
+
+
+def _merge_profiles(
+    read: Mapping[tuple[str, str], Mapping[str, float]],
+    previous: Mapping[tuple[str, str], ProfileFigures],
+    now: float,
+    keep_seconds: float,
+) -> dict[tuple[str, str], ProfileFigures]:
+    """What was read now (those with a tokens per joule), and the profiles read before that
+    Prometheus no longer has, with their old read time, for `keep_seconds`."""
+    merged: dict[tuple[str, str], ProfileFigures] = {}
+    for key, figures in read.items():
+        ratio = figures.get("tokens_per_joule")
+        if ratio is None:
+            continue
+        units = figures.get("units")
+        merged[key] = ProfileFigures(
+            tokens_per_joule=ratio,
+            tokens_per_second=figures.get("tokens_per_second"),
+            watts=figures.get("watts"),
+            units=int(units) if units is not None and units >= 1 else None,
+            read_at=now,
+        )
+    for key, old in previous.items():
+        if key not in merged and now - old.read_at <= keep_seconds:
+            merged[key] = old
+    return merged
 
 
 # --- refresh -------------------------------------------------------------------------------
@@ -330,19 +387,25 @@ def _one_line(text: str) -> str:
     return line if len(line) <= MAX_ERROR_CHARS else line[: MAX_ERROR_CHARS - 1] + "…"
 
 
+def _shown(promql: str) -> str:
+    """A query as an error names it: a long one (the profiles part's) cut short, so the
+    reason after it is not what MAX_ERROR_CHARS cuts off."""
+    return promql if len(promql) <= MAX_QUERY_CHARS else promql[: MAX_QUERY_CHARS - 1] + "…"
+
+
 def _read_part(reader: PrometheusReader, part: str, promql: str) -> tuple[Any, str | None]:
     """(data, note) for one part; raises QueryError with the part and query named."""
     try:
         dropped = _Dropped()
         data = _parse(part, _samples(reader.query(promql)), dropped)
     except QueryError as exc:
-        raise QueryError(_one_line(f"{part} query `{promql}`: {exc}")) from exc
+        raise QueryError(_one_line(f"{part} query `{_shown(promql)}`: {exc}")) from exc
     except Exception as exc:  # a parser bug must still not take the refresher down
         raise QueryError(
-            _one_line(f"{part} query `{promql}`: unexpected {type(exc).__name__}: {exc}")
+            _one_line(f"{part} query `{_shown(promql)}`: unexpected {type(exc).__name__}: {exc}")
         ) from exc
     note = dropped.message()
-    return data, None if note is None else _one_line(f"{part} query `{promql}`: {note}")
+    return data, None if note is None else _one_line(f"{part} query `{_shown(promql)}`: {note}")
 
 
 def _previous_data(previous: Snapshot, part: str) -> Any:
@@ -354,6 +417,7 @@ def _previous_data(previous: Snapshot, part: str) -> Any:
         "ages": previous.reading_ages,
         "gpus": previous.node_gpus,
         "limits": previous.gpu_limit_watts,
+        "profiles": previous.profiles,
     }[part]
 
 
@@ -380,7 +444,7 @@ def _run_all(
             if not future.done():
                 why = "cancelled" if cancel is not None and cancel.is_set() else "no answer"
                 outcomes[part] = QueryError(
-                    f"{part} query `{texts[part]}`: {why} within {reader.budget_s:g}s"
+                    f"{part} query `{_shown(texts[part])}`: {why} within {reader.budget_s:g}s"
                 )
                 continue
             try:
@@ -426,6 +490,9 @@ def refresh(
         else:
             data[part], note = outcome
             parts[part] = Part(read_at=now, error=note)
+            if part == "profiles":
+                keep = inventory_window_seconds or window_seconds
+                data[part] = _merge_profiles(data[part], previous.profiles, now, keep)
 
     membership: Mapping[str, tuple[DomainRef, ...]] = data["membership"]
     members = {domain for domains in membership.values() for domain in domains}
@@ -437,6 +504,7 @@ def refresh(
         reading_ages=MappingProxyType(dict(data["ages"])),
         node_gpus=MappingProxyType(dict(data["gpus"])),
         gpu_limit_watts=MappingProxyType(dict(data["limits"])),
+        profiles=MappingProxyType(dict(data["profiles"])),
         parts=MappingProxyType(parts),
         prometheus_up=not any(isinstance(outcome, QueryError) for outcome in outcomes.values()),
     )

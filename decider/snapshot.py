@@ -27,6 +27,8 @@ PARTS: dict[str, str] = {
     "ages": "domain reading ages (llmgw_domain_reading_age_seconds)",
     "gpus": "each node's GPU count (llmgw:node_gpus:count)",
     "limits": "each node's enforced GPU power limit (llmgw_gpu_power_limit_watts)",
+    "profiles": "measured tokens per joule per model and profile "
+    "(llmgw:model_profile_tokens_per_joule:ratio5m)",
 }
 #: Parts that describe the site's layout and hardware: they change rarely and stay usable
 #: for `staleness.inventory`; the others are readings, usable for `staleness.readings`.
@@ -45,6 +47,23 @@ class Part:
     error: str | None = None  # why the last attempt failed; None when it succeeded
 
 
+@dataclass(frozen=True, slots=True)
+class ProfileFigures:
+    """One model and profile as rules/energy.yml measured it, over the units that count tokens:
+    tokens per joule (5 min), and the sums it is made of where Prometheus has them.
+
+    `read_at`: when the decider last read it from Prometheus. A profile whose series ends
+    (no replica runs it any more) is kept with its last figures and that time, for
+    `staleness.inventory`, so GET /v1/profiles can show how old its figures are.
+    """
+
+    tokens_per_joule: float
+    tokens_per_second: float | None  # summed over `units`
+    watts: float | None  # the units' mean watts over 5 minutes, summed
+    units: int | None
+    read_at: float
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Everything read from Prometheus. Mappings are read-only; a refresh builds a new one.
@@ -54,6 +73,7 @@ class Snapshot:
     - `measured_watts`, `conditions`, `reading_ages`: per domain, only where read.
     - `node_gpus`: physical GPUs per node; `gpu_limit_watts`: the node's largest enforced
       GPU power limit.
+    - `profiles`: (model, profile) → its measured figures, fresh or remembered.
     - `parts`: per part of PARTS, when it was last read and the last error.
     """
 
@@ -64,6 +84,7 @@ class Snapshot:
     reading_ages: Mapping[DomainRef, float] = field(default_factory=_empty)
     node_gpus: Mapping[str, int] = field(default_factory=_empty)
     gpu_limit_watts: Mapping[str, float] = field(default_factory=_empty)
+    profiles: Mapping[tuple[str, str], ProfileFigures] = field(default_factory=_empty)
     parts: Mapping[str, Part] = field(default_factory=lambda: {name: Part() for name in PARTS})
     #: Whether the last refresh reached Prometheus and every query succeeded.
     prometheus_up: bool = False

@@ -3,10 +3,11 @@
 - `FakePrometheus` serves `/api/v1/query` on a loopback port from a thread. It answers each
   of the decider's queries (decider/prometheus.py `QUERIES`, matched on the series name
   inside the query) from `Readings`: membership, inventory, measured power, conditions,
-  reading ages, GPU counts and GPU power limits. A test changes the readings at any time,
-  and can switch the whole server, or one part's query, to misbehave: `down` (nothing
-  listens on the port), `slow` (answers after `slow_s`), `garbage` (200 with a body that is
-  not JSON), `error` (HTTP 500), `held` (no answer until `release()`).
+  reading ages, GPU counts, GPU power limits and profiles' measured figures. A test changes
+  the readings at any time, and can switch the whole server, or one part's query, to
+  misbehave: `down` (nothing listens on the port), `slow` (answers after `slow_s`),
+  `garbage` (200 with a body that is not JSON), `error` (HTTP 500), `held` (no answer until
+  `release()`).
 - `Decider` writes decider.yaml, facility.yaml and a token file into a directory, starts
   `python -m decider.main --config decider.yaml` as a subprocess on a free port, waits for
   `/healthz` (and, on request, for a snapshot matching a predicate), and stops it: SIGTERM,
@@ -55,6 +56,7 @@ SERIES: dict[str, str] = {
     "ages": "llmgw_domain_reading_age_seconds",
     "gpus": "llmgw:node_gpus:count",
     "limits": "llmgw_gpu_power_limit_watts",
+    "profiles": "llmgw:model_profile_tokens_per_joule:ratio5m",
 }
 
 BEHAVIOURS = ("ok", "down", "slow", "garbage", "error", "held")
@@ -94,6 +96,8 @@ class Readings:
     ages: dict[str, float] = field(default_factory=dict)
     gpus: dict[str, int] = field(default_factory=dict)
     limits: dict[str, float] = field(default_factory=dict)  # node → GPU power limit, W
+    #: (model, profile) → {figure: value}: tokens_per_joule, tokens_per_second, watts, units
+    profiles: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
 
     def series(self, part: str) -> list[tuple[dict[str, str], str]]:
         """The instant vector of one part's query."""
@@ -116,6 +120,12 @@ class Readings:
         if part in ("gpus", "limits"):
             values = getattr(self, part)
             return [({"node": node}, repr(float(v))) for node, v in values.items()]
+        if part == "profiles":
+            return [
+                ({"model": model, "profile": profile, "figure": figure}, repr(float(v)))
+                for (model, profile), figures in self.profiles.items()
+                for figure, v in figures.items()
+            ]
         raise AssertionError(f"no part {part!r}")
 
 

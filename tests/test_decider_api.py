@@ -30,6 +30,7 @@ from urllib.parse import quote
 import pytest
 import yaml
 
+from decider.snapshot import PARTS
 from tests.decider_harness import (
     TOKEN,
     Decider,
@@ -594,6 +595,8 @@ def test_health_readiness_status_page_and_openapi(shared):
         "/v1/domains/{kind}/{name}": {"get"},
         "/v1/domains/{kind}/{name}/hold": {"post"},
         "/v1/domains/{kind}/{name}/release": {"post"},
+        "/v1/profiles/{model}": {"get"},
+        "/v1/power-capping": {"get"},
         "/-/reload": {"post"},
         "/healthz": {"get"},
         "/readyz": {"get"},
@@ -611,11 +614,11 @@ def test_readyz_waits_for_the_first_refresh(fake, make):
     response = decider.get("/readyz")
     assert response.status_code == 503
     assert response.json()["ready"] is False
-    assert len(response.json()["missing"]) == 7
+    assert len(response.json()["missing"]) == len(PARTS)
     # Answers do not wait for it: every part is missing, nothing is refused for it.
     answer = decider.place(BIG, ["a1", "c1", "d1"])
     assert all(entry["allowed"] for entry in answer["nodes"])
-    assert len(answer["missing"]) >= 7
+    assert len(answer["missing"]) >= len(PARTS)
     fake.release()
     assert decider.wait_ready() == {"ready": True, "prometheus_up": True, "missing": []}
 
@@ -634,6 +637,7 @@ def test_readyz_with_prometheus_down(make, fake):
         "domain reading ages (llmgw_domain_reading_age_seconds)",
         "each node's GPU count (llmgw",
         "each node's enforced GPU power limit (llmgw_gpu_power_limit_watts)",
+        "measured tokens per joule per model and profile (llmgw",
     ]
     assert all("never read from Prometheus" in line for line in body["missing"])
     metrics = decider.metrics()

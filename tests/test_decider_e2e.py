@@ -16,9 +16,9 @@ cap, which comes from its smaller feed × derating. The decider, in enforce mode
 3. once the exporter answers again, the decider reads the same state back;
 4. once the engine itself is stopped, `prometheus_up` drops to 0 and, after
    staleness.readings, `missing` names the stale parts (measured power, conditions,
-   reading ages); conditions are `unknown` and nothing is refused for lack of data, while
-   the budgets still hold on what is known (membership and GPU limits stay usable for
-   staleness.inventory).
+   reading ages, profiles' tokens per joule); conditions are `unknown` and nothing is
+   refused for lack of data, while the budgets still hold on what is known (membership and
+   GPU limits stay usable for staleness.inventory).
 """
 
 from __future__ import annotations
@@ -508,7 +508,12 @@ def test_the_decider_against_a_real_engine(backend: Backend, decider: Decider):
         "llmgw_decider_prometheus_up 0",
         lambda: decider.metric("llmgw_decider_prometheus_up") == 0.0,
     )
-    stale = ("domain measured power", "domain conditions", "domain reading ages")
+    stale = (
+        "domain measured power",
+        "domain conditions",
+        "domain reading ages",
+        "measured tokens per joule per model and profile",
+    )
 
     def named() -> dict[str, Any] | None:
         domains = decider.domains()
@@ -518,7 +523,7 @@ def test_the_decider_against_a_real_engine(backend: Backend, decider: Decider):
         return domains if all(any(what in line for line in said) for what in stale) else None
 
     domains = wait_for(decider, "the stale readings named in missing", named)
-    assert len(domains["missing"]) == 3, domains["missing"]  # inventory stays usable for 1h
+    assert len(domains["missing"]) == len(stale), domains["missing"]  # inventory: usable 1h
     assert all("cannot reach" in line for line in domains["missing"]), domains["missing"]
     assert domains["rack/r1"]["condition"] == "unknown"
     assert domains["rack/r2"]["measured_watts"] is None

@@ -43,7 +43,7 @@ from decider.prometheus import (
     queries,
     refresh,
 )
-from decider.snapshot import PARTS, Snapshot
+from decider.snapshot import INVENTORY_PARTS, PARTS, ProfileFigures, Snapshot
 from tests.promstack import Server, free_port, prometheus, victoria_metrics
 
 TIMEOUT_S = 0.3
@@ -65,6 +65,7 @@ SERIES = {
     "ages": "llmgw_domain_reading_age_seconds",
     "gpus": "llmgw:node_gpus:count",
     "limits": "llmgw_gpu_power_limit_watts",
+    "profiles": "llmgw:model_profile_tokens_per_joule:ratio5m",
 }
 
 
@@ -235,7 +236,20 @@ def good_answers(watts: float = 5400.0) -> dict[str, Reply]:
         SERIES["ages"]: vector((domain("rack", "r1"), "3.5"), (domain("row", "12"), "40")),
         SERIES["gpus"]: vector(({"node": "n1"}, "8"), ({"node": "n2"}, "4")),
         SERIES["limits"]: vector(({"node": "n1"}, "700"), ({"node": "n2"}, "350")),
+        SERIES["profiles"]: vector(
+            (profile("llama-70b", "tp4", "tokens_per_joule"), "2.86"),
+            (profile("llama-70b", "tp4", "tokens_per_second"), "900"),
+            (profile("llama-70b", "tp4", "watts"), "314.5"),
+            (profile("llama-70b", "tp4", "units"), "2"),
+            (profile("llama-70b", "tp8", "tokens_per_joule"), "2.34"),  # the sums not (yet) there
+            (profile("llama-70b", "tp2", "watts"), "100"),  # no tokens per joule: no measurement
+            (profile("", "", "tokens_per_joule"), "1.5"),  # units with no model: nobody's profile
+        ),
     }
+
+
+def profile(model: str, name: str, figure: str) -> dict[str, str]:
+    return {"model": model, "profile": name, "figure": figure}
 
 
 def assert_good(snapshot: Snapshot, watts: float = 5400.0) -> None:
@@ -255,6 +269,12 @@ def assert_good(snapshot: Snapshot, watts: float = 5400.0) -> None:
     assert snapshot.node_gpus == {"n1": 8, "n2": 4}
     assert all(type(count) is int for count in snapshot.node_gpus.values())
     assert snapshot.gpu_limit_watts == {"n1": 700.0, "n2": 350.0}
+    read_at = snapshot.parts["profiles"].read_at
+    assert read_at is not None
+    assert snapshot.profiles == {
+        ("llama-70b", "tp4"): ProfileFigures(2.86, 900.0, 314.5, 2, read_at),
+        ("llama-70b", "tp8"): ProfileFigures(2.34, None, None, None, read_at),
+    }
 
 
 def good_baseline(fake: FakePrometheus, reader: PrometheusReader) -> Snapshot:
@@ -266,7 +286,7 @@ def good_baseline(fake: FakePrometheus, reader: PrometheusReader) -> Snapshot:
 
 def same_data(snapshot: Snapshot, other: Snapshot) -> bool:
     names = ("membership", "domains", "measured_watts", "conditions", "reading_ages")
-    names += ("node_gpus", "gpu_limit_watts")
+    names += ("node_gpus", "gpu_limit_watts", "profiles")
     return all(getattr(snapshot, name) == getattr(other, name) for name in names)
 
 
@@ -449,6 +469,22 @@ def test_one_failing_query_ages_its_part_alone(fake, reader):
     assert any("domain conditions" in line and "HTTP error" in line for line in missing)
 
 
+def test_a_profile_no_longer_measured_keeps_its_last_figures_and_their_time(fake, reader):
+    baseline = good_baseline(fake, reader)
+    answers = good_answers()
+    answers[SERIES["profiles"]] = vector((profile("llama-70b", "tp8", "tokens_per_joule"), "2.5"))
+    fake.answer(answers)
+
+    later = refresh(baseline, reader, WINDOW_S, T0 + 60, inventory_window_seconds=600)
+
+    assert later.profiles[("llama-70b", "tp8")] == ProfileFigures(2.5, None, None, None, T0 + 60)
+    assert later.profiles[("llama-70b", "tp4")] == baseline.profiles[("llama-70b", "tp4")]
+    assert later.profiles[("llama-70b", "tp4")].read_at == T0
+    # Forgotten once older than staleness.inventory.
+    forgotten = refresh(later, reader, WINDOW_S, T0 + 601, inventory_window_seconds=600)
+    assert set(forgotten.profiles) == {("llama-70b", "tp8")}
+
+
 def test_a_part_never_read_stays_unread_when_its_query_fails(fake, reader):
     answers = good_answers()
     answers[SERIES["limits"]] = Reply(status=500)
@@ -586,7 +622,9 @@ def test_a_down_prometheus_leaves_the_last_snapshot_serving_and_ageing(fake, cap
         assert down.age_seconds(now[0]) == 100 * step
     fresh, missing = down.fresh_parts(now[0], readings_limit=120, inventory_limit=3600)
     assert fresh == {"membership", "inventory", "gpus", "limits"}
-    assert len(missing) == 3 and all("HTTP error" in line for line in missing)
+    assert len(missing) == len(PARTS) - len(INVENTORY_PARTS) and all(
+        "HTTP error" in line for line in missing
+    )
 
     fake.answer(good_answers(watts=7000.0))
     now[0] = T0 + 400

@@ -547,7 +547,7 @@ def test_check_config_validates_facility_files(tmp_path):
     bad.write_text(BAD_FACILITY)
     good = cli("check-config", "--facility", str(EXAMPLE))
     assert good.returncode == 0, good.stderr
-    assert f"{EXAMPLE}: ok (7 domains, 3 profiles, signals: inlet_temp_c, power_watts, " in (
+    assert f"{EXAMPLE}: ok (7 domains, 4 profiles, signals: inlet_temp_c, power_watts, " in (
         good.stdout
     )
     result = cli(

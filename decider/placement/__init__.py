@@ -5,7 +5,9 @@ with a node that has no data:
 
 - filters on one domain, no estimate needed: `held`, `hot`, `over_cap` (STATIC_FILTERS);
 - the filter that needs the replica's estimate: `power_cap`;
-- ordering keys, lower first: `condition`, `rack_room`, `spread`, then the scheduler's order.
+- ordering keys, lower first: `condition`, `rack_room`, `spread`, then the scheduler's order;
+- before them all, when a request offers alternative profiles, `profile_choice` picks the
+  replica they judge (imported by the API, not here: it reads decider.profiles).
 
 `observe` mode runs every rule, refuses nothing, keeps the scheduler's order and reports
 what it would have refused (`would_refuse`).
