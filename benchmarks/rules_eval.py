@@ -3,9 +3,10 @@
 A generator, one process on a loopback port, serves exporter-format metrics
 (docs/metrics.md) for N GPU nodes, one scrape target per node
 (`/metrics/<node>`): location labels (racks of 8 nodes, rows of 10 racks, two
-rooms, one site), two PDU feeds, 8 GPUs each with temperatures, power, energy
-and 5 throttle reasons, hwmon, RAPL, the declared overhead and the exporter's
-source health. Values move a little at every scrape; some racks run warm or
+rooms, one site), two PDU feeds, 8 GPUs each with temperatures, power, energy,
+5 throttle reasons, the thermal flag and the headroom to slowdown, the node's
+GPU figures (count, thermally throttled, power), hwmon, RAPL, the declared
+overhead and the exporter's source health. Values move a little at every scrape; some racks run warm or
 hot, some GPUs are thermally throttled or near their slowdown temperature, a
 few nodes have a failing hwmon source, so that every rule does real work.
 
