@@ -6,9 +6,10 @@ A generator, one process on a loopback port, serves exporter-format metrics
 rooms, one site), two PDU feeds, 8 GPUs each with temperatures, power, energy,
 5 throttle reasons, the thermal flag and the headroom to slowdown, the node's
 GPU figures (count, thermally throttled, power), hwmon, RAPL, the declared
-overhead and the exporter's source health. Values move a little at every scrape; some racks run warm or
-hot, some GPUs are thermally throttled or near their slowdown temperature, a
-few nodes have a failing hwmon source, so that every rule does real work.
+overhead and the exporter's source health. Values move a little at every
+scrape; some racks run warm or hot, some GPUs are thermally throttled or near
+their slowdown temperature, a few nodes have a failing hwmon source, so that
+every rule does real work.
 
 A real Prometheus (Debian's 2.42) in a temporary directory scrapes it every
 15 s with every rule file of rules/ and alerts/ loaded unchanged (their groups
