@@ -3,11 +3,13 @@
 A generator, one process on a loopback port, serves exporter-format metrics
 (docs/metrics.md) for N GPU nodes, one scrape target per node
 (`/metrics/<node>`): location labels (racks of 8 nodes, rows of 10 racks, two
-rooms, one site), two PDU feeds, 8 GPUs each with temperatures, power, energy
-and 5 throttle reasons, hwmon, RAPL, the declared overhead and the exporter's
-source health. Values move a little at every scrape; some racks run warm or
-hot, some GPUs are thermally throttled or near their slowdown temperature, a
-few nodes have a failing hwmon source, so that every rule does real work.
+rooms, one site), two PDU feeds, 8 GPUs each with temperatures, power, energy,
+5 throttle reasons, the thermal flag and the headroom to slowdown, the node's
+GPU figures (count, thermally throttled, power), hwmon, RAPL, the declared
+overhead and the exporter's source health. Values move a little at every
+scrape; some racks run warm or hot, some GPUs are thermally throttled or near
+their slowdown temperature, a few nodes have a failing hwmon source, so that
+every rule does real work.
 
 A real Prometheus (Debian's 2.42) in a temporary directory scrapes it every
 15 s with every rule file of rules/ and alerts/ loaded unchanged (their groups
@@ -71,7 +73,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from exporter.metrics import METRICS  # noqa: E402 - root on sys.path now
+from exporter.metrics import METRICS, THERMAL_REASONS  # noqa: E402 - root on sys.path now
 
 RESULTS = REPO / "benchmarks" / "results" / "rules_eval.json"
 RULE_FILES = sorted([*REPO.glob("rules/*.yml"), *REPO.glob("alerts/*.yml")])
@@ -98,6 +100,7 @@ SITE = "bench"
 GPUS_PER_NODE = 8
 GPU_MODEL = "NVIDIA H100 80GB HBM3"
 THROTTLE_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "power_brake")
+SLOWDOWN_C = 87.0
 SOURCES = ("gpu", "hwmon", "rapl")
 #: What a rack runs like, by rack index modulo 16; the others are ok.
 RACK_SCENARIOS = {
@@ -237,20 +240,25 @@ def node_samples(
     if want("llmgw_gpu_info"):
         for _, labels in gpus:
             yield "llmgw_gpu_info", f'{labels},model="{GPU_MODEL}"', 1.0
+    # Read once per scrape, as the exporter does: the per-GPU and the per-node figures agree.
+    temperatures = [float(round(_gpu_temperature(node, gpu) + jitter(1))) for gpu, _ in gpus]
+    powers = [round(620.0 + jitter(15), 3) for _ in gpus]  # NVML: whole °C, mW
+    thermally = [
+        max(_throttled(node, gpu, reason) for reason in THERMAL_REASONS) for gpu, _ in gpus
+    ]
     if want("llmgw_gpu_temperature_celsius"):
-        for gpu, labels in gpus:
-            value = round(_gpu_temperature(node, gpu) + jitter(1))  # NVML: whole °C
-            yield "llmgw_gpu_temperature_celsius", labels, float(value)
+        for (_, labels), value in zip(gpus, temperatures, strict=True):
+            yield "llmgw_gpu_temperature_celsius", labels, value
     if want("llmgw_gpu_memory_temperature_celsius"):
         for gpu, labels in gpus:
             value = round(_gpu_temperature(node, gpu) - 5 + jitter(1))
             yield "llmgw_gpu_memory_temperature_celsius", labels, float(value)
     if want("llmgw_gpu_slowdown_temperature_celsius"):
         for _, labels in gpus:
-            yield "llmgw_gpu_slowdown_temperature_celsius", labels, 87.0
+            yield "llmgw_gpu_slowdown_temperature_celsius", labels, SLOWDOWN_C
     if want("llmgw_gpu_power_watts"):
-        for _, labels in gpus:
-            yield "llmgw_gpu_power_watts", labels, round(620.0 + jitter(15), 3)  # mW
+        for (_, labels), value in zip(gpus, powers, strict=True):
+            yield "llmgw_gpu_power_watts", labels, value
     if want("llmgw_gpu_power_limit_watts"):
         for _, labels in gpus:
             yield "llmgw_gpu_power_limit_watts", labels, 700.0
@@ -263,6 +271,18 @@ def node_samples(
             for reason in THROTTLE_REASONS:
                 value = float(_throttled(node, gpu, reason))
                 yield "llmgw_gpu_throttled", f'{labels},reason="{reason}"', value
+    if want("llmgw_gpu_thermally_throttled"):
+        for (_, labels), flag in zip(gpus, thermally, strict=True):
+            yield "llmgw_gpu_thermally_throttled", labels, float(flag)
+    if want("llmgw_gpu_slowdown_headroom_celsius"):
+        for (_, labels), value in zip(gpus, temperatures, strict=True):
+            yield "llmgw_gpu_slowdown_headroom_celsius", labels, SLOWDOWN_C - value
+    if want("llmgw_node_gpus"):
+        yield "llmgw_node_gpus", "", float(len(gpus))
+    if want("llmgw_node_gpus_thermally_throttled"):
+        yield "llmgw_node_gpus_thermally_throttled", "", float(sum(thermally))
+    if want("llmgw_node_gpu_power_watts"):
+        yield "llmgw_node_gpu_power_watts", "", round(sum(powers), 3)
     if not node.hwmon_down:
         if want("llmgw_node_cpu_temperature_celsius"):
             for package in range(2):

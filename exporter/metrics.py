@@ -79,6 +79,29 @@ _SPECS = [
         "1 while the GPU holds its clocks down for this reason; reasons the card supports.",
         ("gpu", "uuid", "reason"),
     ),
+    MetricSpec(
+        "llmgw_gpu_thermally_throttled",
+        "gauge",
+        "1 while the GPU holds its clocks down for hw_thermal, sw_thermal or power_brake.",
+        ("gpu", "uuid"),
+    ),
+    MetricSpec(
+        "llmgw_gpu_slowdown_headroom_celsius",
+        "gauge",
+        "Slowdown temperature minus die temperature; below 0 past the slowdown point.",
+        ("gpu", "uuid"),
+    ),
+    MetricSpec("llmgw_node_gpus", "gauge", "GPUs the gpu source read in its last poll."),
+    MetricSpec(
+        "llmgw_node_gpus_thermally_throttled",
+        "gauge",
+        "GPUs thermally throttled (llmgw_gpu_thermally_throttled), of those that report it.",
+    ),
+    MetricSpec(
+        "llmgw_node_gpu_power_watts",
+        "gauge",
+        "Power draw of the node's GPUs together (the sum of llmgw_gpu_power_watts).",
+    ),
     # hwmon
     MetricSpec(
         "llmgw_node_cpu_temperature_celsius",
@@ -199,3 +222,8 @@ _SPECS = [
 ]
 
 METRICS: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
+
+#: The throttle reasons that mean heat (DESIGN.md §3): a GPU held down by any of them is
+#: thermally throttled (llmgw_gpu_thermally_throttled). `sw_power_cap` (normal under load)
+#: and `hw_slowdown` alone are not.
+THERMAL_REASONS = ("hw_thermal", "sw_thermal", "power_brake")

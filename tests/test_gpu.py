@@ -81,6 +81,12 @@ def test_h100_idle_every_metric_from_the_capture(fake_nvml: FakeNvml, source: Gp
             ("llmgw_gpu_throttled", ("gpu", "0"), ("reason", reason), ("uuid", H100)): 0
             for reason in ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "power_brake")
         },
+        ("llmgw_gpu_thermally_throttled", *gpu): 0,
+        ("llmgw_gpu_slowdown_headroom_celsius", *gpu): 48.0,
+        # The node's figures, over its one GPU.
+        ("llmgw_node_gpus",): 1,
+        ("llmgw_node_gpus_thermally_throttled",): 0,
+        ("llmgw_node_gpu_power_watts",): 69.85,
     }
 
 
@@ -111,7 +117,10 @@ def test_mig_gpus_are_published_once_per_physical_gpu(
     samples = source.poll()
     for metric in ("llmgw_gpu_info", "llmgw_gpu_power_watts", "llmgw_gpu_temperature_celsius"):
         assert list(values(samples, metric)) == ["0"], metric
-    assert {s.labels["uuid"] for s in samples} == {config["devices"][0]["uuid"]}
+    assert {s.labels["uuid"] for s in samples if "uuid" in s.labels} == {
+        config["devices"][0]["uuid"]
+    }
+    assert values(samples, "llmgw_node_gpus") == {"": 1}
 
 
 def test_throttle_reasons_only_those_the_card_supports(fake_nvml: FakeNvml, source: GpuSource):
@@ -130,7 +139,43 @@ def test_a_card_that_cannot_list_reasons_publishes_none(fake_nvml: FakeNvml, sou
     config = fake_nvml.load_fixture("h100")
     config["devices"][0]["supported_clocks_event_reasons"] = None
     fake_nvml.configure(config)
-    assert values(source.poll(), "llmgw_gpu_throttled") == {}
+    samples = source.poll()
+    assert values(samples, "llmgw_gpu_throttled") == {}
+    # Nothing to count from: absent, never a reassuring 0.
+    assert values(samples, "llmgw_gpu_thermally_throttled") == {}
+    assert values(samples, "llmgw_node_gpus_thermally_throttled") == {}
+    assert values(samples, "llmgw_node_gpus") == {"": 1}
+
+
+def test_node_figures_count_each_gpu_once_and_never_the_power_cap(
+    fake_nvml: FakeNvml, source: GpuSource
+):
+    config = two_gpus(fake_nvml, second="h100-load")
+    first, second = config["devices"]
+    # GPU 0: power cap only (normal under load). GPU 1: hw_thermal and power_brake at once.
+    first["clocks_event_reasons"] = SW_POWER_CAP
+    second["clocks_event_reasons"] = HW_THERMAL | POWER_BRAKE | SW_POWER_CAP
+    second["temperature_c"] = 86
+    fake_nvml.configure(config)
+    samples = source.poll()
+    assert values(samples, "llmgw_gpu_thermally_throttled") == {"0": 0, "1": 1}
+    assert values(samples, "llmgw_gpu_slowdown_headroom_celsius") == {"0": 48.0, "1": 3.0}
+    assert values(samples, "llmgw_node_gpus") == {"": 2}
+    assert values(samples, "llmgw_node_gpus_thermally_throttled") == {"": 1}
+    assert values(samples, "llmgw_node_gpu_power_watts") == {"": pytest.approx(69.85 + 631.95)}
+
+
+def test_a_card_listing_only_the_power_cap_has_no_thermal_figure(
+    fake_nvml: FakeNvml, source: GpuSource
+):
+    config = fake_nvml.load_fixture("h100")
+    config["devices"][0]["supported_clocks_event_reasons"] = SW_POWER_CAP
+    config["devices"][0]["clocks_event_reasons"] = SW_POWER_CAP
+    fake_nvml.configure(config)
+    samples = source.poll()
+    assert values(samples, "llmgw_gpu_throttled") == {"0:sw_power_cap": 1}
+    assert values(samples, "llmgw_gpu_thermally_throttled") == {}
+    assert values(samples, "llmgw_node_gpus_thermally_throttled") == {}
 
 
 def test_drivers_before_r535_use_the_throttle_names(fake_nvml: FakeNvml, source: GpuSource):
@@ -178,7 +223,10 @@ def test_a_lost_gpu_is_retried_and_never_hides_the_others(fake_nvml: FakeNvml, s
     with pytest.raises(PartialReading, match=r"GPU 1: .*GPU is lost") as partial:
         source.poll()
     assert values(partial.value.samples, "llmgw_gpu_power_watts") == {"0": 69.85}
-    assert {s.labels["gpu"] for s in partial.value.samples} == {"0"}
+    assert {s.labels["gpu"] for s in partial.value.samples if "gpu" in s.labels} == {"0"}
+    # The node's figures cover the GPUs read: a lost GPU is not counted as a cool one.
+    assert values(partial.value.samples, "llmgw_node_gpus") == {"": 1}
+    assert values(partial.value.samples, "llmgw_node_gpu_power_watts") == {"": 69.85}
     # The card comes back (reset by the operator): the next poll has both, no restart.
     config["devices"][1]["errors"] = {}
     fake_nvml.configure(config)

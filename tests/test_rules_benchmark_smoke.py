@@ -65,7 +65,7 @@ def test_series_follow_the_metrics_contract(bench):
     assert set(seen) == set(METRICS) - not_simulated
     body = bench.exposition(node, 1.8e9, random.Random(1), 0.0)
     series = [line for line in body.splitlines() if not line.startswith("#")]
-    assert len(series) == 126
+    assert len(series) == 145  # 126, and 8 + 8 per-GPU and 3 per-node GPU figures
     if shutil.which("promtool"):
         check = subprocess.run(
             ["promtool", "check", "metrics"], input=body.encode(), capture_output=True, check=False
@@ -131,7 +131,7 @@ def test_whole_run_at_eight_nodes(bench, tmp_path, capsys):
     (size,) = result["sizes"]
     assert size["nodes"] == 8
     assert size["series"]["targets_up"] == 8
-    assert size["series"]["scraped_per_round"] == 8 * 126
+    assert size["series"]["scraped_per_round"] == 8 * 145
     groups = size["groups"]
     assert {"llmgw-domain.rules", "llmgw-conditions.rules", "llmgw-domain.alerts"} <= set(groups)
     assert {bench.BASELINE_EMPTY, bench.BASELINE_TRIVIAL} <= set(groups)

@@ -22,7 +22,10 @@ from collections.abc import Callable
 
 from decider.simulate.engine import NodeState, Simulator
 from decider.simulate.scenario import REASONS
-from exporter.metrics import METRICS, MetricSpec
+from exporter.metrics import METRICS, THERMAL_REASONS, MetricSpec
+
+#: Positions in a GPU's `throttled` flags of the reasons that mean heat.
+_THERMAL = tuple(REASONS.index(reason) for reason in THERMAL_REASONS)
 
 SITE_METRICS = {
     spec.name: spec
@@ -81,6 +84,10 @@ def _milli(value: float) -> str:
 
 
 Lines = Callable[[NodeState, float], list[str]]
+
+
+def _thermally_throttled(flags: list[bool]) -> bool:
+    return any(flags[i] for i in _THERMAL)
 
 
 class NodeRenderer:
@@ -169,6 +176,29 @@ class NodeRenderer:
                 f"{prefix}{'1.0' if flag else '0.0'}\n"
                 for g in node.gpus
                 for prefix, flag in zip(throttled[g.index], g.throttled, strict=True)
+            ]
+            # The exporter's per-GPU and per-node figures (exporter/sources/gpu.py), from the
+            # values as published: whole degrees, milliwatts.
+            slowdown = gpu_model.slowdown_celsius
+            headroom = per_gpu("llmgw_gpu_slowdown_headroom_celsius")
+            thermally = per_gpu("llmgw_gpu_thermally_throttled")
+            families["llmgw_gpu_slowdown_headroom_celsius"] = lambda node, now: [
+                f"{headroom[g.index]}{_number(slowdown - round(g.temperature))}\n"
+                for g in node.gpus
+            ]
+            families["llmgw_gpu_thermally_throttled"] = lambda node, now: [
+                f"{thermally[g.index]}{'1.0' if _thermally_throttled(g.throttled) else '0.0'}\n"
+                for g in node.gpus
+            ]
+            families["llmgw_node_gpus"] = f"{series('llmgw_node_gpus', node=name)}{len(gpus)}.0\n"
+            node_throttled = series("llmgw_node_gpus_thermally_throttled", node=name)
+            families["llmgw_node_gpus_thermally_throttled"] = lambda node, now: [
+                f"{node_throttled}"
+                f"{_number(sum(_thermally_throttled(g.throttled) for g in node.gpus))}\n"
+            ]
+            node_gpu_power = series("llmgw_node_gpu_power_watts", node=name)
+            families["llmgw_node_gpu_power_watts"] = lambda node, now: [
+                f"{node_gpu_power}{_milli(sum(round(g.power, 3) for g in node.gpus))}\n"
             ]
 
         packages = range(place.node_type.cpu_sockets)

@@ -10,6 +10,15 @@ Emits, per physical GPU (never once per MIG instance):
     llmgw_gpu_power_limit_watts{node,gpu,uuid} 700
     llmgw_gpu_energy_joules_total{node,gpu,uuid} 123456.789
     llmgw_gpu_throttled{node,gpu,uuid,reason="hw_thermal"} 0
+    llmgw_gpu_thermally_throttled{node,gpu,uuid} 0
+    llmgw_gpu_slowdown_headroom_celsius{node,gpu,uuid} 46
+
+and, per node, over the GPUs read in this poll (so that the rules evaluated every
+30 s read one series per node instead of eight or forty, docs/rules.md):
+
+    llmgw_node_gpus{node} 8
+    llmgw_node_gpus_thermally_throttled{node} 0
+    llmgw_node_gpu_power_watts{node} 558.8
 
 Missing data:
 - no NVML library on the node, or no GPU → `NoData`: up, no series, said once.
@@ -35,6 +44,7 @@ from typing import Any, ClassVar
 
 import pynvml
 
+from exporter.metrics import THERMAL_REASONS
 from exporter.samples import NoData, PartialReading, Sample
 from exporter.sources.base import Source, SourceConfig
 
@@ -132,6 +142,7 @@ class GpuSource(Source):
             except self.nvml.NVMLError as exc:
                 self._forget_driver_if_gone(exc)
                 failures.append(f"GPU {index}: {exc}")
+        samples += node_totals(samples)
         if failures:
             raise PartialReading(samples, "; ".join(failures))
         return samples
@@ -173,6 +184,13 @@ class GpuSource(Source):
                 nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
             ),
         )
+        read = {sample.metric: sample.value for sample in samples}
+        if {"llmgw_gpu_temperature_celsius", "llmgw_gpu_slowdown_temperature_celsius"} <= set(read):
+            headroom = (
+                read["llmgw_gpu_slowdown_temperature_celsius"]
+                - read["llmgw_gpu_temperature_celsius"]
+            )
+            samples.append(Sample("llmgw_gpu_slowdown_headroom_celsius", headroom, labels))
         # NVML answers in milliwatts and millijoules.
         for metric, call in (
             ("llmgw_gpu_power_watts", nvml.nvmlDeviceGetPowerUsage),
@@ -219,11 +237,15 @@ class GpuSource(Source):
         )
         if supported is None or current is None:
             return []
-        return [
+        reasons = [
             Sample("llmgw_gpu_throttled", 1 if current & bit else 0, {**labels, "reason": reason})
             for reason, bit in THROTTLE_REASONS.items()
             if supported & bit
         ]
+        thermal = [sample.value for sample in reasons if sample.labels["reason"] in THERMAL_REASONS]
+        if thermal:
+            reasons.append(Sample("llmgw_gpu_thermally_throttled", max(thermal), labels))
+        return reasons
 
     def _either(self, call: Any, fallback: Any, handle: Any) -> int | None:
         try:
@@ -234,3 +256,21 @@ class GpuSource(Source):
             if exc.value in _UNAVAILABLE:
                 return None
             raise
+
+
+def node_totals(samples: list[Sample]) -> list[Sample]:
+    """The node's GPU figures, from the per-GPU samples of one poll: how many GPUs answered,
+    how many of those that report throttle reasons are thermally throttled, and their power
+    together. A figure no GPU reports is absent, not 0 (a count of 0 GPUs would be a claim)."""
+    by_metric: dict[str, list[float]] = {}
+    for sample in samples:
+        by_metric.setdefault(sample.metric, []).append(sample.value)
+    totals: list[Sample] = []
+    if "llmgw_gpu_info" in by_metric:
+        totals.append(Sample("llmgw_node_gpus", len(by_metric["llmgw_gpu_info"])))
+    if "llmgw_gpu_thermally_throttled" in by_metric:
+        throttled = sum(by_metric["llmgw_gpu_thermally_throttled"])
+        totals.append(Sample("llmgw_node_gpus_thermally_throttled", throttled))
+    if "llmgw_gpu_power_watts" in by_metric:
+        totals.append(Sample("llmgw_node_gpu_power_watts", sum(by_metric["llmgw_gpu_power_watts"])))
+    return totals
