@@ -53,7 +53,7 @@ RETRY_ON_STATUS = (500, 502, 503, 504)
 #: How often a refresh that may be cancelled looks at its cancel event.
 CANCEL_POLL_S = 0.05
 #: The longest error text kept in a Part: enough to say what, short enough for a log line.
-MAX_ERROR_CHARS = 300
+MAX_ERROR_CHARS = 400  # the longest query (`hot`) and a reason
 
 #: One query per part; `{window}` is a PromQL duration.
 QUERIES: dict[str, str] = {
@@ -64,13 +64,14 @@ QUERIES: dict[str, str] = {
     "ages": "last_over_time(llmgw_domain_reading_age_seconds[{window}])",
     "gpus": "last_over_time(llmgw:node_gpus:count[{window}])",
     "limits": "max by (node) (last_over_time(llmgw_gpu_power_limit_watts[{window}]))",
-    # Seconds since the domain's last evaluation that was not hot (else since its first in
-    # the lookback), for domains hot now: Prometheus' own record, so it survives a restart
-    # of the decider. Step 30s: the rules' evaluation interval (decider.shedding).
-    "hot": '(time() - max_over_time(timestamp(llmgw_domain_condition{{condition="hot"}} '
-    "!= 1)[{hot_lookback}:30s]) or on (kind, domain) time() - min_over_time(timestamp("
-    'llmgw_domain_condition{{condition="hot"}})[{hot_lookback}:30s])) and on (kind, domain) '
-    'last_over_time(llmgw_domain_condition{{condition="hot"}}[{window}]) == 1',
+    # Seconds since the domain's last evaluation that was not hot, else since its first in
+    # the lookback: Prometheus' own record, so it survives a restart of the decider. Every
+    # domain is answered; decider.shedding reads it only for domains hot now. Step 30s: the
+    # rules' evaluation interval. A subquery, which Prometheus, VictoriaMetrics, Thanos and
+    # Mimir all run.
+    "hot": "time() - max_over_time(timestamp(llmgw_domain_condition{{condition='hot'}} != 1)"
+    "[{hot_lookback}:30s]) or on (kind, domain) time() - min_over_time(timestamp("
+    "llmgw_domain_condition{{condition='hot'}})[{hot_lookback}:30s])",
 }
 assert QUERIES.keys() == PARTS.keys(), "one query per snapshot part"
 

@@ -38,9 +38,12 @@ bring it back under), each with a destination outside the racks the PDU feeds.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from decider.facility import DomainRef
 from decider.models import Replica
@@ -414,10 +417,16 @@ def _duration(seconds: float | None) -> str:
 class Shedder:
     """The pacing record, kept in the database, and the plan on the current view."""
 
-    def __init__(self, store: Store, view: Callable[[], View], clock: Callable[[], float]) -> None:
-        self._store = store
+    def __init__(
+        self,
+        store: Store,
+        view: Callable[[], View],
+        clock: Callable[[], float],
+        record: Callable[[dict[DomainRef, Proposal | None]], None] | None = None,
+    ) -> None:
         self._view = view
         self._clock = clock
+        self._record = record or store.set_proposals  # State.record_proposals in the service
         self._lock = threading.Lock()
         self._pacing = store.proposals()
 
@@ -425,7 +434,7 @@ class Shedder:
         with self._lock:  # two plans at once must not both open the same domain's window
             result = plan(self._view(), self._clock(), self._pacing)
             if result.pacing:
-                self._store.set_proposals(result.pacing)
+                self._record(result.pacing)
                 pacing = dict(self._pacing)
                 for ref, proposal in result.pacing.items():
                     if proposal is None:
@@ -537,3 +546,29 @@ def failover(view: View, pdu: str) -> dict[str, Any]:
             else f"loss of pdu {pdu}: no domain of the facility file is fed by it"
         ),
     }
+
+
+class SheddingCollector(Collector):
+    """`llmgw_decider_shedding_moves{kind,domain}`: the moves proposed now off each domain
+    (present only while a plan proposes some), and `llmgw_decider_shedding_enabled`."""
+
+    def __init__(self, shedder: Shedder) -> None:
+        self._shedder = shedder
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        result = self._shedder.plan()
+        enabled = GaugeMetricFamily(
+            "llmgw_decider_shedding_enabled",
+            "1 while the facility file enables shedding plans (shedding.enabled).",
+        )
+        enabled.add_metric([], 1.0 if result.enabled else 0.0)
+        yield enabled
+        moves = GaugeMetricFamily(
+            "llmgw_decider_shedding_moves",
+            "Replicas the shedding plan (GET /v1/shedding) proposes to move off the domain now.",
+            labels=["kind", "domain"],
+        )
+        for entry in result.entries:
+            if entry["moves"]:
+                moves.add_metric([entry["kind"], entry["name"]], len(entry["moves"]))
+        yield moves

@@ -3,7 +3,8 @@
 - `FakePrometheus` serves `/api/v1/query` on a loopback port from a thread. It answers each
   of the decider's queries (decider/prometheus.py `QUERIES`, matched on the series name
   inside the query) from `Readings`: membership, inventory, measured power, conditions,
-  reading ages, GPU counts and GPU power limits. A test changes the readings at any time,
+  reading ages, GPU counts, GPU power limits and how long hot domains have been hot. A
+  test changes the readings at any time,
   and can switch the whole server, or one part's query, to misbehave: `down` (nothing
   listens on the port), `slow` (answers after `slow_s`), `garbage` (200 with a body that is
   not JSON), `error` (HTTP 500), `held` (no answer until `release()`).
@@ -55,6 +56,7 @@ SERIES: dict[str, str] = {
     "ages": "llmgw_domain_reading_age_seconds",
     "gpus": "llmgw:node_gpus:count",
     "limits": "llmgw_gpu_power_limit_watts",
+    "hot": "llmgw_domain_condition{condition='hot'})",  # inside its subquery
 }
 
 BEHAVIOURS = ("ok", "down", "slow", "garbage", "error", "held")
@@ -94,6 +96,7 @@ class Readings:
     ages: dict[str, float] = field(default_factory=dict)
     gpus: dict[str, int] = field(default_factory=dict)
     limits: dict[str, float] = field(default_factory=dict)  # node → GPU power limit, W
+    hot: dict[str, float] = field(default_factory=dict)  # domain → seconds hot (shedding)
 
     def series(self, part: str) -> list[tuple[dict[str, str], str]]:
         """The instant vector of one part's query."""
@@ -110,7 +113,7 @@ class Readings:
                 ({**_domain_labels(key), "condition": state}, "1")
                 for key, state in self.conditions.items()
             ]
-        if part in ("measured", "ages"):
+        if part in ("measured", "ages", "hot"):
             values: Mapping[str, float] = getattr(self, part)
             return [(_domain_labels(key), repr(float(v))) for key, v in values.items()]
         if part in ("gpus", "limits"):

@@ -65,6 +65,7 @@ SERIES = {
     "ages": "llmgw_domain_reading_age_seconds",
     "gpus": "llmgw:node_gpus:count",
     "limits": "llmgw_gpu_power_limit_watts",
+    "hot": "llmgw_domain_condition{condition='hot'})",  # inside its subquery
 }
 
 
@@ -235,6 +236,7 @@ def good_answers(watts: float = 5400.0) -> dict[str, Reply]:
         SERIES["ages"]: vector((domain("rack", "r1"), "3.5"), (domain("row", "12"), "40")),
         SERIES["gpus"]: vector(({"node": "n1"}, "8"), ({"node": "n2"}, "4")),
         SERIES["limits"]: vector(({"node": "n1"}, "700"), ({"node": "n2"}, "350")),
+        SERIES["hot"]: vector((domain("rack", "r1"), "630")),  # hot for 10.5 minutes
     }
 
 
@@ -255,6 +257,7 @@ def assert_good(snapshot: Snapshot, watts: float = 5400.0) -> None:
     assert snapshot.node_gpus == {"n1": 8, "n2": 4}
     assert all(type(count) is int for count in snapshot.node_gpus.values())
     assert snapshot.gpu_limit_watts == {"n1": 700.0, "n2": 350.0}
+    assert snapshot.hot_seconds == {rack("r1"): 630.0}
 
 
 def good_baseline(fake: FakePrometheus, reader: PrometheusReader) -> Snapshot:
@@ -266,15 +269,19 @@ def good_baseline(fake: FakePrometheus, reader: PrometheusReader) -> Snapshot:
 
 def same_data(snapshot: Snapshot, other: Snapshot) -> bool:
     names = ("membership", "domains", "measured_watts", "conditions", "reading_ages")
-    names += ("node_gpus", "gpu_limit_watts")
+    names += ("node_gpus", "gpu_limit_watts", "hot_seconds")
     return all(getattr(snapshot, name) == getattr(other, name) for name in names)
 
 
 def test_the_queries_read_only_fresh_samples_in_plain_promql():
     for part, text in queries(90).items():
         promql.check(text)
+        assert "@" not in text and ":]" not in text  # no @ modifier, no open-ended subquery
+        if part == "hot":  # how long: a subquery over the lookback, not the latest sample
+            assert text.count("[15m:30s]") == 2, text
+            continue
         assert f"last_over_time({SERIES[part]}[90s])" in text
-        assert "@" not in text and ":]" not in text  # no @ modifier, no subquery
+    assert "[20m:30s]" in queries(90, hot_lookback_seconds=1200)["hot"]
     assert queries(0.5)["gpus"] == "last_over_time(llmgw:node_gpus:count[500ms])"
     assert queries(120)["conditions"] == "last_over_time(llmgw_domain_condition[2m]) == 1"
     assert queries(60)["limits"] == (
@@ -586,7 +593,7 @@ def test_a_down_prometheus_leaves_the_last_snapshot_serving_and_ageing(fake, cap
         assert down.age_seconds(now[0]) == 100 * step
     fresh, missing = down.fresh_parts(now[0], readings_limit=120, inventory_limit=3600)
     assert fresh == {"membership", "inventory", "gpus", "limits"}
-    assert len(missing) == 3 and all("HTTP error" in line for line in missing)
+    assert len(missing) == 4 and all("HTTP error" in line for line in missing)  # the readings
 
     fake.answer(good_answers(watts=7000.0))
     now[0] = T0 + 400
