@@ -109,8 +109,8 @@ def untouchable(view: View, reservation: Reservation, counts: Counts) -> str | N
     if running > settings.minimum_replicas:
         return None
     return (
-        f"critical model {reservation.model} at its minimum: {running} of "
-        f"{settings.minimum_replicas} replicas running"
+        f"critical model {reservation.model} at its minimum: {running} replica(s) running, "
+        f"minimum {settings.minimum_replicas}"
     )
 
 
