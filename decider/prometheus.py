@@ -66,12 +66,12 @@ QUERIES: dict[str, str] = {
     "limits": "max by (node) (last_over_time(llmgw_gpu_power_limit_watts[{window}]))",
     # Seconds since the domain's last evaluation that was not hot, else since its first in
     # the lookback: Prometheus' own record, so it survives a restart of the decider. Every
-    # domain is answered; decider.shedding reads it only for domains hot now. Step 30s: the
-    # rules' evaluation interval. A subquery, which Prometheus, VictoriaMetrics, Thanos and
-    # Mimir all run.
+    # domain is answered; decider.shedding reads it only for domains hot now. The step is the
+    # rules' evaluation interval, 30s, or less for a short lookback (`queries`). A subquery,
+    # which Prometheus, VictoriaMetrics, Thanos and Mimir all run.
     "hot": "time() - max_over_time(timestamp(llmgw_domain_condition{{condition='hot'}} != 1)"
-    "[{hot_lookback}:30s]) or on (kind, domain) time() - min_over_time(timestamp("
-    "llmgw_domain_condition{{condition='hot'}})[{hot_lookback}:30s])",
+    "[{hot_lookback}:{hot_step}]) or on (kind, domain) time() - min_over_time(timestamp("
+    "llmgw_domain_condition{{condition='hot'}})[{hot_lookback}:{hot_step}])",
 }
 assert QUERIES.keys() == PARTS.keys(), "one query per snapshot part"
 
@@ -101,10 +101,16 @@ def queries(
     spell reads as that long (shedding.hot_for + interval, decider.service)."""
     window = format_duration(window_seconds)
     inventory = format_duration(inventory_window_seconds or window_seconds)
-    lookback = format_duration(max(hot_lookback_seconds, 60.0))
+    lookback_s = max(hot_lookback_seconds, 1.0)
+    # 30 steps over a short lookback (the demo's, its rules scaled in time), else the rules'
+    # 30 s evaluation interval.
+    step = format_duration(max(1.0, min(30.0, round(lookback_s / 30))))
+    lookback = format_duration(lookback_s)
     return {
         part: text.format(
-            window=inventory if part in INVENTORY_PARTS else window, hot_lookback=lookback
+            window=inventory if part in INVENTORY_PARTS else window,
+            hot_lookback=lookback,
+            hot_step=step,
         )
         for part, text in QUERIES.items()
     }

@@ -611,11 +611,11 @@ def test_readyz_waits_for_the_first_refresh(fake, make):
     response = decider.get("/readyz")
     assert response.status_code == 503
     assert response.json()["ready"] is False
-    assert len(response.json()["missing"]) == 7
+    assert len(response.json()["missing"]) == 8  # every part of decider/snapshot.py PARTS
     # Answers do not wait for it: every part is missing, nothing is refused for it.
     answer = decider.place(BIG, ["a1", "c1", "d1"])
     assert all(entry["allowed"] for entry in answer["nodes"])
-    assert len(answer["missing"]) >= 7
+    assert len(answer["missing"]) >= 8
     fake.release()
     assert decider.wait_ready() == {"ready": True, "prometheus_up": True, "missing": []}
 
@@ -634,6 +634,7 @@ def test_readyz_with_prometheus_down(make, fake):
         "domain reading ages (llmgw_domain_reading_age_seconds)",
         "each node's GPU count (llmgw",
         "each node's enforced GPU power limit (llmgw_gpu_power_limit_watts)",
+        "how long each hot domain has been hot (llmgw_domain_condition, for shedding)",
     ]
     assert all("never read from Prometheus" in line for line in body["missing"])
     metrics = decider.metrics()

@@ -282,6 +282,7 @@ def test_the_queries_read_only_fresh_samples_in_plain_promql():
             continue
         assert f"last_over_time({SERIES[part]}[90s])" in text
     assert "[20m:30s]" in queries(90, hot_lookback_seconds=1200)["hot"]
+    assert "[20s:1s]" in queries(90, hot_lookback_seconds=20)["hot"]  # the demo's, scaled
     assert queries(0.5)["gpus"] == "last_over_time(llmgw:node_gpus:count[500ms])"
     assert queries(120)["conditions"] == "last_over_time(llmgw_domain_condition[2m]) == 1"
     assert queries(60)["limits"] == (

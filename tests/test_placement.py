@@ -988,10 +988,10 @@ def test_no_snapshot_refuses_only_for_a_hold_and_says_what_is_missing(make_site:
     assert answer["nodes"][0]["reasons"] == ["rack r1 held: x (from the node's last known domains)"]
     assert [n["condition"] for n in answer["nodes"]] == ["unknown", "unknown"]
     assert [n["estimate_watts"] for n in answer["nodes"]] == [350, 350]  # node share alone
-    assert answer["missing"][:7] == [
+    assert answer["missing"][: len(PARTS)] == [
         f"{what}: never read from Prometheus" for what in PARTS.values()
     ]
-    assert answer["missing"][7:] == [
+    assert answer["missing"][len(PARTS) :] == [
         "GPU power limit unknown for nodes n1, n2, and for every node: estimated from the "
         "node share alone (too low; set fallback_gpu_watts in the facility file)",
         "GPU count unknown for nodes n1, n2: estimated with the whole node share",

@@ -612,9 +612,8 @@ def test_after_accepted_placements_either_feed_of_a_dual_fed_rack_carries_it_alo
                 assert load <= kept.rating_watts * derating * (1 + 1e-9)
                 entry = next(e for e in failover(view, lost.pdu)["domains"] if e["domain"] == key)
                 assert entry["over"] is False and entry["moves"] == [], entry
-                event(
-                    f"dual-fed rack loaded past half its feed: {load > kept.rating_watts * derating / 2}"
-                )
+                half = load > kept.rating_watts * derating / 2
+                event(f"dual-fed rack loaded past half its feed: {half}")
     finally:
         s.store.close()
 
