@@ -509,6 +509,7 @@ def test_the_decider_against_a_real_engine(backend: Backend, decider: Decider):
         lambda: decider.metric("llmgw_decider_prometheus_up") == 0.0,
     )
     stale = ("domain measured power", "domain conditions", "domain reading ages")
+    stale += ("how long each hot domain has been hot",)
 
     def named() -> dict[str, Any] | None:
         domains = decider.domains()
@@ -518,7 +519,7 @@ def test_the_decider_against_a_real_engine(backend: Backend, decider: Decider):
         return domains if all(any(what in line for line in said) for what in stale) else None
 
     domains = wait_for(decider, "the stale readings named in missing", named)
-    assert len(domains["missing"]) == 3, domains["missing"]  # inventory stays usable for 1h
+    assert len(domains["missing"]) == 4, domains["missing"]  # inventory stays usable for 1h
     assert all("cannot reach" in line for line in domains["missing"]), domains["missing"]
     assert domains["rack/r1"]["condition"] == "unknown"
     assert domains["rack/r2"]["measured_watts"] is None
