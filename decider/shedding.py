@@ -289,6 +289,7 @@ def plan(view: View, now: float, pacing: Mapping[DomainRef, Proposal]) -> Plan:
     counts = Counts.of(view)
     base = view  # before this plan's moves: what is really where
     taken: set[str] = set()  # reservations this plan moves
+    taken_from: dict[str, DomainRef] = {}  # and the domain whose entry moves each
     entries: list[dict[str, Any]] = []
     for ref in hot:
         hot_seconds = seconds.get(ref)
@@ -320,8 +321,8 @@ def plan(view: View, now: float, pacing: Mapping[DomainRef, Proposal]) -> Plan:
             last = current[ref] = changes[ref] = replace(last, left_at=now)
         still_there = last is not None and last.reservation in ids
         open_now, opens = _window(last, still_there, now, shedding.interval)
-        if not open_now:
-            entry["next_move_at"] = opens
+        if not open_now and opens is not None:
+            entry["next_move_at"] = round(opens, 1)
         choices = sorted(
             (r for r in members if original_id(r.id) not in taken),
             key=lambda r: order_key(view, r, counts),
@@ -343,10 +344,16 @@ def plan(view: View, now: float, pacing: Mapping[DomainRef, Proposal]) -> Plan:
         if chosen is None:
             if not members:
                 entry["reason"] = f"{ref.kind} {ref.name}: no reservation of the decider's on it"
-            elif not open_now and opens is not None:
+            elif not open_now and opens is not None and last is not None:
+                moving = taken_from.get(last.reservation)
+                what = (
+                    f"{last.reservation} moves off {moving} in this plan and leaves it too"
+                    if moving is not None
+                    else f"the last proposed was {last.reservation}"
+                )
                 entry["reason"] = (
-                    f"one replica per {_duration(shedding.interval)}: the last proposed, "
-                    f"{last.reservation if last else ''}, next move not before {opens:.0f}"
+                    f"one replica per {_duration(shedding.interval)}: {what}; next move not "
+                    f"before {opens:.0f} (in {opens - now:.0f}s)"
                 )
             else:
                 entry["reason"] = f"{ref.kind} {ref.name}: no replica can move"
@@ -360,6 +367,7 @@ def plan(view: View, now: float, pacing: Mapping[DomainRef, Proposal]) -> Plan:
         )
         rid = original_id(reservation.id)
         taken.add(rid)
+        taken_from[rid] = ref
         counts.moving[reservation.model] = counts.moving.get(reservation.model, 0) + 1
         for other in view.reservation_domains(reservation):
             if other in shed:
