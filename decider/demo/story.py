@@ -382,8 +382,10 @@ class Story:
                 where = self.sim.node(move["to"]).place
                 if where.row == self.row:
                     raise StoryFailed(f"the plan moves {move['reservation']} into row {self.row}")
+                hot = entry["hot_seconds"]
                 self.say(
-                    f"{entry['domain']}, hot for {_minutes(entry['hot_seconds'])}: move "
+                    f"{entry['domain']}, hot for {hot:.0f}s ({_minutes(hot * self.cast.time_scale)}"
+                    f" of the site's time): move "
                     f"{move['reservation']} ({move['model']}, class {move['class']}, "
                     f"{kw(move['estimate_watts'])}) {move['from']} -> {move['to']} "
                     f"(rack {where.rack}, row {where.row})"
