@@ -302,6 +302,26 @@ def test_no_move_without_a_destination_and_two_moves_never_share_the_last_room()
         assert result.moves == 1
 
 
+def test_observe_mode_plans_with_enforce_modes_verdicts():
+    """Observe mode refuses nothing, but a plan never proposes a node enforce mode would
+    refuse: r2 hot and r3 full leave no destination for r1's replica."""
+    racks = {"rack/r1": {"cap_watts": 20_000}, "rack/r2": {"cap_watts": 20_000}}
+    racks["rack/r3"] = {"cap_watts": 2_000}
+    membership = {"a1": ["rack/r1"], "b1": ["rack/r2"], "c1": ["rack/r3"]}
+    facility = {"mode": "observe", "shedding": SHEDDING, "domains": racks}
+    with site(facility, membership) as s:
+        moved = s.reserve("a1", 3000, "embed")
+        s.heat("rack/r1", 900)
+        s.heat("rack/r2", 900)
+        by_domain = {e["domain"]: e for e in s.plan().entries}
+        assert by_domain["rack/r1"]["moves"] == []
+        (skipped,) = by_domain["rack/r1"]["skipped"]
+        assert skipped == {
+            "reservation": moved,
+            "reason": "no destination: 0/2 nodes allowed (1 hot, 1 power_cap)",
+        }
+
+
 def test_a_move_leaving_two_hot_domains_counts_for_both():
     """Racks r1 and r2 in row 1, all three hot: r1 moves one; r2's would also leave row 1,
     which has just moved one: r2 waits."""
