@@ -330,16 +330,22 @@ def plan(view: View, now: float, pacing: Mapping[DomainRef, Proposal]) -> Plan:
         if not open_now:  # only the move already proposed may still be made
             choices = [r for r in choices if last is not None and r.id == last.reservation]
         chosen = None
+        # A replica of the same shape as one that found no room finds none either (the
+        # rules' refusals depend on the estimate alone): one placement run per shape.
+        no_room: dict[tuple[Any, ...], str] = {}
         for reservation in choices:
             why = untouchable(view, reservation, counts)
             if why is None:
                 why = _blocked_elsewhere(base, view, reservation, ref, shed, current, now)
             if why is None:
+                shape = _shape(reservation)
+                why = no_room.get(shape)
+            if why is None:
                 verdict, rules = destination(view, reservation, [ref])
                 if verdict is not None:
                     chosen = (reservation, verdict, rules)
                     break
-                why = rules
+                why = no_room[shape] = rules
             entry["skipped"].append({"reservation": original_id(reservation.id), "reason": why})
         if chosen is None:
             if not members:
@@ -380,6 +386,11 @@ def plan(view: View, now: float, pacing: Mapping[DomainRef, Proposal]) -> Plan:
         if ref not in shed and now >= _last_time(proposal) + shedding.interval:
             changes[ref] = None
     return Plan(True, entries, list(view.all_missing()), changes)
+
+
+def _shape(reservation: Reservation) -> tuple[Any, ...]:
+    replica = reservation.replica
+    return tuple(replica.get(key) for key in ("profile", "gpus", "power_watts", "cpu_cores"))
 
 
 def _last_time(proposal: Proposal) -> float:
