@@ -17,6 +17,9 @@ node_share_watts: 350
 cpu_watts_per_core: {default: 6}
 mode: observe             # observe | enforce
 shedding: {enabled: false, hot_for: 10m, interval: 5m}
+classes: [batch, interactive]   # lowest first: shed first (decider.shedding)
+models:
+  llama-70b: {class: interactive, minimum_replicas: 2, critical: true}
 signals:
   inlet_temp_c: {query: 'max by (rack) (dcim_rack_inlet_temperature_celsius)', domain_label: rack}
 ```

@@ -37,6 +37,7 @@ bring it back under), each with a destination outside the racks the PDU feeds.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -50,6 +51,8 @@ from decider.models import Replica
 from decider.placement import Verdict, decide
 from decider.placement.view import View
 from decider.store import Proposal, Reservation, Store
+
+log = logging.getLogger(__name__)
 
 #: Shed domains are planned finest first, so a rack's move is proposed by the rack.
 KIND_ORDER = {"rack": 0, "pdu": 1, "row": 2, "room": 3, "site": 4}
@@ -575,7 +578,11 @@ class SheddingCollector(Collector):
         self._shedder = shedder
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        result = self._shedder.plan()
+        try:
+            result = self._shedder.plan()
+        except Exception:  # a plan that fails (a full disk) must not fail the whole scrape
+            log.exception("the shedding plan failed; /metrics goes on without its series")
+            return
         enabled = GaugeMetricFamily(
             "llmgw_decider_shedding_enabled",
             "1 while the facility file enables shedding plans (shedding.enabled).",

@@ -378,6 +378,31 @@ def test_the_pacing_survives_a_restart(tmp_path: Path):
         assert entry["next_move_at"] == pytest.approx(s.now - 10 + 300 + 10)
 
 
+def test_a_plan_that_cannot_be_recorded_leaves_metrics_serving(caplog):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from decider.shedding import SheddingCollector
+    from decider.store import StoreError
+
+    with site({"shedding": SHEDDING, "domains": RACKS}, MEMBERSHIP) as s:
+        s.reserve("a1", 2000, "embed")
+        s.heat("rack/r1", 900)
+
+        def full_disk(_: Any) -> None:
+            raise StoreError("decider.db: cannot write: database or disk is full")
+
+        registry = CollectorRegistry()
+        registry.register(
+            SheddingCollector(Shedder(s.store, s.state.view, lambda: s.now, full_disk))
+        )
+        assert b"llmgw_decider_shedding" not in generate_latest(registry)
+        assert "the shedding plan failed" in caplog.text
+        registry = CollectorRegistry()
+        registry.register(SheddingCollector(s.shedder))
+        text = generate_latest(registry).decode()
+        assert 'llmgw_decider_shedding_moves{domain="r1",kind="rack"} 1.0' in text
+
+
 # --- failover: a worked example -----------------------------------------------------------
 
 
