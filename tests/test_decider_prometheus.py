@@ -65,7 +65,7 @@ SERIES = {
     "ages": "llmgw_domain_reading_age_seconds",
     "gpus": "llmgw:node_gpus:count",
     "limits": "llmgw_gpu_power_limit_watts",
-    "hot": "llmgw_domain_condition{condition='hot'})",  # inside its subquery
+    "hot": "llmgw_domain_condition{condition='hot'} != 1)",  # its subquery's first
 }
 
 
