@@ -546,6 +546,86 @@ def profiles(decider: Decider, model: str, as_json: bool) -> int:
     return 0
 
 
+def shedding_plan(decider: Decider, as_json: bool) -> int:
+    answer = decider.call("GET", "/v1/shedding")
+    if as_json:
+        show_json(answer)
+        return 0
+    print(answer["summary"])
+    rows = []
+    for entry in answer.get("plan", []):
+        moves = entry.get("moves", [])
+        hot = entry.get("hot_seconds")
+        hot_text = "-" if hot is None else f"{hot / 60:.1f}m"
+        for move in moves or [None]:
+            rows.append(
+                [
+                    entry["domain"],
+                    hot_text,
+                    "-" if move is None else move["reservation"],
+                    "-" if move is None else f"{move['model']} ({move['class'] or 'no class'})",
+                    "-" if move is None else f"{move['from']} -> {move['to']}",
+                    "-" if move is None else kw(move["estimate_watts"]),
+                ]
+            )
+    if rows:
+        headers = ("DOMAIN", "HOT FOR", "MOVE", "MODEL (CLASS)", "FROM -> TO", "KW")
+        for line in table(headers, rows, frozenset({1, 5})):
+            print(line)
+    for entry in answer.get("plan", []):
+        print(f"{entry['domain']}: {entry['reason']}")
+        for skipped in entry.get("skipped", []):
+            print(f"  skipped {skipped['reservation']}: {skipped['reason']}")
+    print_missing(answer.get("missing", []))
+    return 0
+
+
+def failover_report(decider: Decider, ref: DomainRef, as_json: bool) -> int:
+    answer = decider.call("GET", "/v1/failover", params={"domain": str(ref)})
+    if as_json:
+        show_json(answer)
+        return 0
+    print(answer["summary"])
+    rows = []
+    for entry in answer.get("domains", []):
+        survivors = ", ".join(feed["pdu"] for feed in entry.get("surviving_feeds", [])) or "none"
+        rows.append(
+            [
+                entry["domain"],
+                kw(entry["load_watts"]),
+                survivors,
+                kw(entry.get("share_watts")),
+                kw(entry.get("limit_watts")),
+                "UNPOWERED" if entry.get("unpowered") else "OVER" if entry["over"] else "ok",
+            ]
+        )
+    if rows:
+        headers = ("DOMAIN", "LOAD KW", "SURVIVING FEEDS", "PER FEED KW", "LIMIT KW", "")
+        for line in table(headers, rows, frozenset({1, 3, 4})):
+            print(line)
+    for entry in answer.get("domains", []):
+        if entry["over"]:
+            print(f"{entry['domain']}: {entry['reason']}")
+            for move in entry.get("moves", []):
+                print(
+                    f"  move {move['reservation']} ({move['model']}, {kw(move['estimate_watts'])}"
+                    f" kW) {move['from']} -> {move['to']}"
+                )
+    print_missing(answer.get("missing", []))
+    return 0
+
+
+def parse_pdu(text: str) -> DomainRef:
+    """`pdu/NAME`; a plain name is a PDU here."""
+    try:
+        ref = DomainRef.parse(text if "/" in text else f"pdu/{text}")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    if ref.kind != "pdu":
+        raise argparse.ArgumentTypeError(f"{text!r} is not a pdu: give pdu/NAME")
+    return ref
+
+
 def decider_url(text: str) -> str:
     parsed = urlparse(text)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
@@ -584,6 +664,10 @@ def call_decider(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
             return explain_placement(decider, args)
         if args.command == "profiles":
             return profiles(decider, args.model, args.json)
+        if args.command == "shedding":
+            return shedding_plan(decider, args.json)
+        if args.command == "failover":
+            return failover_report(decider, args.pdu, args.json)
         return headroom(decider, args.profile, args.json)
     except CallFailed as exc:
         print(f"{PROG} {args.command}: {exc}", file=sys.stderr)
@@ -724,6 +808,22 @@ def build_parser() -> argparse.ArgumentParser:
         "unmeasured profiles are listed, never ranked.",
     )
     profiles_parser.add_argument("model", metavar="MODEL")
+    commands.add_parser(
+        "shedding",
+        parents=[api, raw],
+        help="the shedding plan: which replicas would move off hot domains, to where",
+        description="GET /v1/shedding: a recommendation; the decider moves nothing.",
+    )
+    failover_parser = commands.add_parser(
+        "failover",
+        parents=[api, raw],
+        help="what the loss of one PDU would overload, and what shedding would move",
+        description="GET /v1/failover?domain=pdu/NAME: each rack the PDU feeds, on its "
+        "surviving feeds.",
+    )
+    failover_parser.add_argument(
+        "pdu", type=parse_pdu, metavar="PDU", help="pdu/NAME (a plain name is a pdu)"
+    )
     simulate = commands.add_parser(
         "simulate",
         help="serve a simulated site's exporter metrics, one scrape target per node",

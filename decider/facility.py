@@ -17,6 +17,9 @@ node_share_watts: 350
 cpu_watts_per_core: {default: 6}
 mode: observe             # observe | enforce
 shedding: {enabled: false, hot_for: 10m, interval: 5m}
+classes: [batch, interactive]   # lowest first: shed first (decider.shedding)
+models:
+  llama-70b: {class: interactive, minimum_replicas: 2, critical: true}
 signals:
   inlet_temp_c: {query: 'max by (rack) (dcim_rack_inlet_temperature_celsius)', domain_label: rack}
 ```
@@ -414,6 +417,25 @@ class Shedding(_Model):
     interval: Duration = 300.0
 
 
+ClassName = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class ModelSettings(_Model):
+    """One model's shedding settings (DESIGN.md §5): its class (a name of `classes`), how
+    many replicas it must keep running, and whether that minimum is never to be touched."""
+
+    class_: ClassName | None = Field(None, alias="class")
+    minimum_replicas: int = Field(0, ge=0, le=100_000)
+    critical: bool = False
+
+
+def _distinct_classes(classes: tuple[str, ...]) -> tuple[str, ...]:
+    repeated = sorted({name for name in classes if classes.count(name) > 1})
+    if repeated:
+        raise ValueError(f"class {', '.join(repeated)} is listed more than once")
+    return classes
+
+
 class Signal(_Model):
     """A site reading mapped onto domains (DESIGN.md §6); rendered into recording rules.
 
@@ -522,6 +544,35 @@ class Facility(_Model):
         if problems:
             raise ValidationError.from_exception_data(type(self).__name__, problems)
         return self
+
+    #: Replica classes, lowest first: shedding moves the lowest class first (decider.shedding).
+    classes: Annotated[tuple[ClassName, ...], AfterValidator(_distinct_classes)] = ()
+    #: Per model (a replica's `model`): its class, minimum replicas and criticality.
+    models: dict[Annotated[str, Field(min_length=1, max_length=256)], ModelSettings] = {}
+
+    @model_validator(mode="after")
+    def _model_classes_listed(self) -> Facility:
+        problems = [
+            _error(
+                ("models", model, "class"),
+                f"class {settings.class_!r} is not one of classes ({', '.join(self.classes)})"
+                if self.classes
+                else f"class {settings.class_!r} given but the file lists no classes",
+                settings.class_,
+            )
+            for model, settings in self.models.items()
+            if settings.class_ is not None and settings.class_ not in self.classes
+        ]
+        if problems:
+            raise ValidationError.from_exception_data(type(self).__name__, problems)
+        return self
+
+    def class_rank(self, name: str | None) -> int:
+        """A class's place in `classes`, lowest (shed first) 0; -1: no class, or one the
+        file does not list (shed before every listed class: decider.shedding)."""
+        if name is None or name not in self.classes:
+            return -1
+        return self.classes.index(name)
 
     @model_validator(mode="wrap")
     @classmethod

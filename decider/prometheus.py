@@ -76,6 +76,14 @@ QUERIES: dict[str, str] = {
             ("units", "llmgw:model_profile_units:count"),
         )
     ),
+    # Seconds since the domain's last evaluation that was not hot, else since its first in
+    # the lookback: Prometheus' own record, so it survives a restart of the decider. Every
+    # domain is answered; decider.shedding reads it only for domains hot now. The step is the
+    # rules' evaluation interval, 30s, or less for a short lookback (`queries`). A subquery,
+    # which Prometheus, VictoriaMetrics, Thanos and Mimir all run.
+    "hot": "time() - max_over_time(timestamp(llmgw_domain_condition{{condition='hot'}} != 1)"
+    "[{hot_lookback}:{hot_step}]) or on (kind, domain) time() - min_over_time(timestamp("
+    "llmgw_domain_condition{{condition='hot'}})[{hot_lookback}:{hot_step}])",
 }
 assert QUERIES.keys() == PARTS.keys(), "one query per snapshot part"
 
@@ -88,15 +96,34 @@ class QueryError(Exception):
     """A query got no usable answer; the message says what went wrong, on one line."""
 
 
-def queries(window_seconds: float, inventory_window_seconds: float | None = None) -> dict[str, str]:
+#: How far back the `hot` part looks when the facility file does not say (shedding.hot_for
+#: 10m + interval 5m, the defaults).
+HOT_LOOKBACK_S = 900.0
+
+
+def queries(
+    window_seconds: float,
+    inventory_window_seconds: float | None = None,
+    hot_lookback_seconds: float = HOT_LOOKBACK_S,
+) -> dict[str, str]:
     """Each part's PromQL, reading samples at most `window_seconds` old; the inventory parts
     (snapshot.INVENTORY_PARTS: layout and hardware) at most `inventory_window_seconds`, so a
     node whose exporter is down keeps its domains and GPUs that long (decider.yaml
-    `staleness.inventory`)."""
+    `staleness.inventory`). The `hot` part looks `hot_lookback_seconds` back: a longer hot
+    spell reads as that long (shedding.hot_for + interval, decider.service)."""
     window = format_duration(window_seconds)
     inventory = format_duration(inventory_window_seconds or window_seconds)
+    lookback_s = max(hot_lookback_seconds, 1.0)
+    # 30 steps over a short lookback (the demo's, its rules scaled in time), else the rules'
+    # 30 s evaluation interval.
+    step = format_duration(max(1.0, min(30.0, round(lookback_s / 30))))
+    lookback = format_duration(lookback_s)
     return {
-        part: text.format(window=inventory if part in INVENTORY_PARTS else window)
+        part: text.format(
+            window=inventory if part in INVENTORY_PARTS else window,
+            hot_lookback=lookback,
+            hot_step=step,
+        )
         for part, text in QUERIES.items()
     }
 
@@ -321,7 +348,7 @@ def _parse(part: str, samples: list[_Sample], dropped: _Dropped) -> Any:
             if held is None or CONDITION_RANK[condition] > CONDITION_RANK[held]:
                 conditions[domain] = cast(Condition, condition)
         return conditions
-    if part in ("measured", "ages"):
+    if part in ("measured", "ages", "hot"):
         return _per_domain(samples, dropped)
     if part == "gpus":
         counts = _per_node(samples, dropped)
@@ -418,6 +445,7 @@ def _previous_data(previous: Snapshot, part: str) -> Any:
         "gpus": previous.node_gpus,
         "limits": previous.gpu_limit_watts,
         "profiles": previous.profiles,
+        "hot": previous.hot_seconds,
     }[part]
 
 
@@ -465,6 +493,7 @@ def refresh(
     *,
     cancel: threading.Event | None = None,
     inventory_window_seconds: float | None = None,
+    hot_lookback_seconds: float = HOT_LOOKBACK_S,
 ) -> Snapshot:
     """A new Snapshot: each part read anew, or, where its query failed, kept from `previous`.
 
@@ -474,7 +503,8 @@ def refresh(
     added.
     """
     try:
-        outcomes = _run_all(reader, queries(window_seconds, inventory_window_seconds), cancel)
+        texts = queries(window_seconds, inventory_window_seconds, hot_lookback_seconds)
+        outcomes = _run_all(reader, texts, cancel)
     except Exception as exc:  # e.g. no thread could be started: keep everything as it was
         message = _one_line(f"refresh failed before any query: {type(exc).__name__}: {exc}")
         outcomes = {part: QueryError(message) for part in PARTS}
@@ -505,6 +535,7 @@ def refresh(
         node_gpus=MappingProxyType(dict(data["gpus"])),
         gpu_limit_watts=MappingProxyType(dict(data["limits"])),
         profiles=MappingProxyType(dict(data["profiles"])),
+        hot_seconds=MappingProxyType(dict(data["hot"])),
         parts=MappingProxyType(parts),
         prometheus_up=not any(isinstance(outcome, QueryError) for outcome in outcomes.values()),
     )
@@ -528,6 +559,8 @@ class Refresher:
     ) -> None:
         self.window_seconds = window_seconds
         self.inventory_window_seconds = inventory_window_seconds
+        #: The `hot` part's lookback: shedding.hot_for + interval (decider.service).
+        self.hot_lookback_seconds = HOT_LOOKBACK_S
         self.on_refresh = on_refresh
         self._clock = clock
         self._settings = settings
@@ -612,6 +645,7 @@ class Refresher:
                     self._clock(),
                     cancel=cancel,
                     inventory_window_seconds=self.inventory_window_seconds,
+                    hot_lookback_seconds=self.hot_lookback_seconds,
                 )
             finally:
                 with self._configuring:

@@ -19,6 +19,7 @@ from decider.decisions import DecisionLog
 from decider.facility import Facility
 from decider.metrics import DecisionCounters, DomainCollector
 from decider.prometheus import Refresher
+from decider.shedding import Shedder, SheddingCollector
 from decider.state import State
 from decider.store import Store
 from exporter.yamlfile import ConfigError
@@ -83,6 +84,11 @@ def load_all(config_path: Path) -> Loaded:
     return Loaded(config, facility, token)
 
 
+def hot_lookback(facility: Facility) -> float:
+    """How far back the `hot` part reads: enough to see a domain hot past shedding.hot_for."""
+    return facility.shedding.hot_for + facility.shedding.interval
+
+
 class Service:
     def __init__(self, config_path: Path, loaded: Loaded) -> None:
         self.config_path = config_path
@@ -102,6 +108,9 @@ class Service:
         self.counters = DecisionCounters(self.registry)
         self.decisions = DecisionLog()  # the status page's recent decisions
         self.registry.register(DomainCollector(self.state.view))
+        self.refresher.hot_lookback_seconds = hot_lookback(loaded.facility)
+        self.shedder = Shedder(self.store, self.state.view, time.time, self.state.record_proposals)
+        self.registry.register(SheddingCollector(self.shedder))
         self._reload_lock = threading.Lock()
         self._stopping = threading.Event()
         self._sweeper = threading.Thread(target=self._sweep, name="reservation-expiry", daemon=True)
@@ -159,6 +168,7 @@ class Service:
             )
             self.refresher.window_seconds = loaded.config.staleness.readings
             self.refresher.inventory_window_seconds = loaded.config.staleness.inventory
+            self.refresher.hot_lookback_seconds = hot_lookback(loaded.facility)
             self.refresher.reconfigure(loaded.config)
             for name in ignored:
                 log.warning("reload: %s changed; it takes effect at the next restart", name)

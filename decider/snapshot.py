@@ -29,6 +29,7 @@ PARTS: dict[str, str] = {
     "limits": "each node's enforced GPU power limit (llmgw_gpu_power_limit_watts)",
     "profiles": "measured tokens per joule per model and profile "
     "(llmgw:model_profile_tokens_per_joule:ratio5m)",
+    "hot": "how long each hot domain has been hot (llmgw_domain_condition, for shedding)",
 }
 #: Parts that describe the site's layout and hardware: they change rarely and stay usable
 #: for `staleness.inventory`; the others are readings, usable for `staleness.readings`.
@@ -74,6 +75,7 @@ class Snapshot:
     - `node_gpus`: physical GPUs per node; `gpu_limit_watts`: the node's largest enforced
       GPU power limit.
     - `profiles`: (model, profile) → its measured figures, fresh or remembered.
+    - `hot_seconds`: per domain hot now, how long it has been hot (decider.shedding).
     - `parts`: per part of PARTS, when it was last read and the last error.
     """
 
@@ -85,6 +87,9 @@ class Snapshot:
     node_gpus: Mapping[str, int] = field(default_factory=_empty)
     gpu_limit_watts: Mapping[str, float] = field(default_factory=_empty)
     profiles: Mapping[tuple[str, str], ProfileFigures] = field(default_factory=_empty)
+    #: Seconds each domain hot now has been hot without a break (decider.shedding), at most
+    #: the query's lookback.
+    hot_seconds: Mapping[DomainRef, float] = field(default_factory=_empty)
     parts: Mapping[str, Part] = field(default_factory=lambda: {name: Part() for name in PARTS})
     #: Whether the last refresh reached Prometheus and every query succeeded.
     prometheus_up: bool = False

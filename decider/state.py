@@ -21,7 +21,7 @@ from decider.models import Replica, ReservationRequest
 from decider.placement import Verdict, judge, missing
 from decider.placement.view import View
 from decider.snapshot import INVENTORY_PARTS, Snapshot
-from decider.store import Hold, Reservation, Store
+from decider.store import Hold, Proposal, Reservation, Store
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,12 @@ class State:
     @property
     def facility(self) -> Facility:
         return self._facility
+
+    def record_proposals(self, changed: dict[DomainRef, Proposal | None]) -> None:
+        """Write the shedding pacing (decider.shedding) under the writers' lock: one SQLite
+        connection serves every writer."""
+        with self._lock:
+            self.store.set_proposals(changed)
 
     def _build(
         self, changed: tuple[Reservation, ...] = (), held: tuple[DomainRef, ...] = ()

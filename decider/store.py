@@ -34,6 +34,12 @@ CREATE TABLE IF NOT EXISTS holds (
     reason TEXT NOT NULL,
     held_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS shedding_moves (
+    domain TEXT PRIMARY KEY,        -- kind/name: the last move proposed off this domain
+    reservation TEXT NOT NULL,
+    proposed_at REAL NOT NULL,
+    left_at REAL                    -- when the replica was first seen gone; NULL: still there
+);
 """
 
 
@@ -62,6 +68,15 @@ class Reservation:
         data["domains"] = [str(ref) for ref in self.domains]
         data["confirmed"] = self.confirmed_at is not None
         return data
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """The last move a shedding plan proposed off a domain (decider.shedding's pacing)."""
+
+    reservation: str
+    proposed_at: float
+    left_at: float | None = None  # when the replica was first seen gone from the domain
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,3 +212,31 @@ class Store:
     def release(self, domain: DomainRef) -> bool:
         """Release the hold; False if the domain was not held."""
         return self._write("DELETE FROM holds WHERE domain = ?", (str(domain),)).rowcount == 1
+
+    # --- shedding pacing ----------------------------------------------------------------------
+
+    def proposals(self) -> dict[DomainRef, Proposal]:
+        rows = self._db.execute(
+            "SELECT domain, reservation, proposed_at, left_at FROM shedding_moves"
+        ).fetchall()
+        return {DomainRef.parse(key): Proposal(*row) for key, *row in rows}
+
+    def set_proposals(self, changed: dict[DomainRef, Proposal | None]) -> None:
+        """Record (or, for None, forget) each domain's last proposed move, in one transaction."""
+        if not changed:
+            return
+        try:
+            self._db.execute("BEGIN")
+            for domain, proposal in changed.items():
+                if proposal is None:
+                    self._db.execute("DELETE FROM shedding_moves WHERE domain = ?", (str(domain),))
+                else:
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO shedding_moves VALUES (?, ?, ?, ?)",
+                        (str(domain), proposal.reservation, proposal.proposed_at, proposal.left_at),
+                    )
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise StoreError(f"{self.path}: cannot write: {exc}") from exc

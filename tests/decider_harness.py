@@ -3,11 +3,11 @@
 - `FakePrometheus` serves `/api/v1/query` on a loopback port from a thread. It answers each
   of the decider's queries (decider/prometheus.py `QUERIES`, matched on the series name
   inside the query) from `Readings`: membership, inventory, measured power, conditions,
-  reading ages, GPU counts, GPU power limits and profiles' measured figures. A test changes
-  the readings at any time, and can switch the whole server, or one part's query, to
-  misbehave: `down` (nothing listens on the port), `slow` (answers after `slow_s`),
-  `garbage` (200 with a body that is not JSON), `error` (HTTP 500), `held` (no answer until
-  `release()`).
+  reading ages, GPU counts, GPU power limits, profiles' measured figures and how long hot
+  domains have been hot. A test changes the readings at any time, and can switch the whole
+  server, or one part's query, to misbehave: `down` (nothing listens on the port), `slow`
+  (answers after `slow_s`), `garbage` (200 with a body that is not JSON), `error` (HTTP 500),
+  `held` (no answer until `release()`).
 - `Decider` writes decider.yaml, facility.yaml and a token file into a directory, starts
   `python -m decider.main --config decider.yaml` as a subprocess on a free port, waits for
   `/healthz` (and, on request, for a snapshot matching a predicate), and stops it: SIGTERM,
@@ -57,6 +57,7 @@ SERIES: dict[str, str] = {
     "gpus": "llmgw:node_gpus:count",
     "limits": "llmgw_gpu_power_limit_watts",
     "profiles": "llmgw:model_profile_tokens_per_joule:ratio5m",
+    "hot": "llmgw_domain_condition{condition='hot'} != 1)",  # its subquery's first
 }
 
 BEHAVIOURS = ("ok", "down", "slow", "garbage", "error", "held")
@@ -98,6 +99,7 @@ class Readings:
     limits: dict[str, float] = field(default_factory=dict)  # node → GPU power limit, W
     #: (model, profile) → {figure: value}: tokens_per_joule, tokens_per_second, watts, units
     profiles: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
+    hot: dict[str, float] = field(default_factory=dict)  # domain → seconds hot (shedding)
 
     def series(self, part: str) -> list[tuple[dict[str, str], str]]:
         """The instant vector of one part's query."""
@@ -114,7 +116,7 @@ class Readings:
                 ({**_domain_labels(key), "condition": state}, "1")
                 for key, state in self.conditions.items()
             ]
-        if part in ("measured", "ages"):
+        if part in ("measured", "ages", "hot"):
             values: Mapping[str, float] = getattr(self, part)
             return [(_domain_labels(key), repr(float(v))) for key, v in values.items()]
         if part in ("gpus", "limits"):

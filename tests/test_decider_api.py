@@ -638,6 +638,7 @@ def test_readyz_with_prometheus_down(make, fake):
         "each node's GPU count (llmgw",
         "each node's enforced GPU power limit (llmgw_gpu_power_limit_watts)",
         "measured tokens per joule per model and profile (llmgw",
+        "how long each hot domain has been hot (llmgw_domain_condition, for shedding)",
     ]
     assert all("never read from Prometheus" in line for line in body["missing"])
     metrics = decider.metrics()

@@ -513,6 +513,7 @@ def test_the_decider_against_a_real_engine(backend: Backend, decider: Decider):
         "domain conditions",
         "domain reading ages",
         "measured tokens per joule per model and profile",
+        "how long each hot domain has been hot",
     )
 
     def named() -> dict[str, Any] | None:

@@ -66,6 +66,7 @@ SERIES = {
     "gpus": "llmgw:node_gpus:count",
     "limits": "llmgw_gpu_power_limit_watts",
     "profiles": "llmgw:model_profile_tokens_per_joule:ratio5m",
+    "hot": "llmgw_domain_condition{condition='hot'} != 1)",  # its subquery's first
 }
 
 
@@ -245,6 +246,7 @@ def good_answers(watts: float = 5400.0) -> dict[str, Reply]:
             (profile("llama-70b", "tp2", "watts"), "100"),  # no tokens per joule: no measurement
             (profile("", "", "tokens_per_joule"), "1.5"),  # units with no model: nobody's profile
         ),
+        SERIES["hot"]: vector((domain("rack", "r1"), "630")),  # hot for 10.5 minutes
     }
 
 
@@ -275,6 +277,7 @@ def assert_good(snapshot: Snapshot, watts: float = 5400.0) -> None:
         ("llama-70b", "tp4"): ProfileFigures(2.86, 900.0, 314.5, 2, read_at),
         ("llama-70b", "tp8"): ProfileFigures(2.34, None, None, None, read_at),
     }
+    assert snapshot.hot_seconds == {rack("r1"): 630.0}
 
 
 def good_baseline(fake: FakePrometheus, reader: PrometheusReader) -> Snapshot:
@@ -286,15 +289,20 @@ def good_baseline(fake: FakePrometheus, reader: PrometheusReader) -> Snapshot:
 
 def same_data(snapshot: Snapshot, other: Snapshot) -> bool:
     names = ("membership", "domains", "measured_watts", "conditions", "reading_ages")
-    names += ("node_gpus", "gpu_limit_watts", "profiles")
+    names += ("node_gpus", "gpu_limit_watts", "profiles", "hot_seconds")
     return all(getattr(snapshot, name) == getattr(other, name) for name in names)
 
 
 def test_the_queries_read_only_fresh_samples_in_plain_promql():
     for part, text in queries(90).items():
         promql.check(text)
+        assert "@" not in text and ":]" not in text  # no @ modifier, no open-ended subquery
+        if part == "hot":  # how long: a subquery over the lookback, not the latest sample
+            assert text.count("[15m:30s]") == 2, text
+            continue
         assert f"last_over_time({SERIES[part]}[90s])" in text
-        assert "@" not in text and ":]" not in text  # no @ modifier, no subquery
+    assert "[20m:30s]" in queries(90, hot_lookback_seconds=1200)["hot"]
+    assert "[20s:1s]" in queries(90, hot_lookback_seconds=20)["hot"]  # the demo's, scaled
     assert queries(0.5)["gpus"] == "last_over_time(llmgw:node_gpus:count[500ms])"
     assert queries(120)["conditions"] == "last_over_time(llmgw_domain_condition[2m]) == 1"
     assert queries(60)["limits"] == (

@@ -238,6 +238,8 @@ def test_the_demo_tells_its_story_once(tmp_path):
         "and the rest of row 12: row 12 hot",
         "== 5. The alert arrives at Alertmanager",
         "LlmgwDomainHot (critical): row 12 is hot",
+        "== 6. The shedding plan",
+        "the decider proposes; the scheduler's preemption would carry it out",
         "the story is told",
     ):
         assert step in output, f"{step!r} missing from:\n{output}"
@@ -245,6 +247,12 @@ def test_the_demo_tells_its_story_once(tmp_path):
     assert refusal, output
     moved = re.search(r"replica llama-70b-\d+ -> (\S+) \(rack (\S+), row (\S+)\)", output)
     assert moved and moved.group(3) != "12", output
+    shed = re.search(
+        r"rack/r12-01, hot for .*: move (llama-70b-\d+) .* (gpu-r12-01-\d+) -> (\S+) "
+        r"\(rack (\S+), row (\S+)\)",
+        output,
+    )
+    assert shed and shed.group(5) != "12", output  # off the filled rack, out of the hot row
     urls = _urls(output)
     assert set(urls) == {"simulator", "Alertmanager", "Prometheus", "decider"}
     _all_down(urls)

@@ -12,6 +12,9 @@
 4. Placements move elsewhere: the same replica with every node as a candidate, the hot
    row's nodes first: they are refused as hot, and the replica lands in another row.
 5. The alert arrives: LlmgwDomainHot for that row, read from Alertmanager's API.
+6. The shedding plan: once the row's domains have been hot for the facility file's
+   `shedding.hot_for`, GET /v1/shedding proposes moving a replica off the rack that was
+   filled, to a node outside the hot row; the plan is printed, nothing is moved.
 
 Each step has a deadline; a step that does not happen in time raises StoryFailed, saying
 what was awaited and what was last seen. Nothing waits a fixed time to synchronise.
@@ -174,6 +177,7 @@ class Story:
         self.cooling_failure()
         self.place_elsewhere()
         self.alert_arrives()
+        self.shedding_plan()
 
     def site_up(self) -> None:
         self.title("1. The site comes up")
@@ -360,6 +364,39 @@ class Story:
             f"{labels['alertname']} ({labels.get('severity')}): {alert['annotations']['summary']}"
         )
         self.say("  " + " ".join(alert["annotations"]["description"].split()))
+
+    def shedding_plan(self) -> None:
+        self.title("6. The shedding plan")
+
+        def proposed() -> Any:
+            plan = self.get("/v1/shedding")
+            for entry in plan["plan"]:
+                if entry["domain"] == f"rack/{self.rack}" and entry["moves"]:
+                    return plan
+            return None
+
+        plan = self.wait(f"a shedding plan that moves a replica off rack {self.rack}", proposed)
+        self.say(plan["summary"])
+        for entry in plan["plan"]:
+            for move in entry["moves"]:
+                where = self.sim.node(move["to"]).place
+                if where.row == self.row:
+                    raise StoryFailed(f"the plan moves {move['reservation']} into row {self.row}")
+                hot = entry["hot_seconds"]
+                self.say(
+                    f"{entry['domain']}, hot for {hot:.0f}s ({_minutes(hot * self.cast.time_scale)}"
+                    f" of the site's time): move "
+                    f"{move['reservation']} ({move['model']}, class {move['class']}, "
+                    f"{kw(move['estimate_watts'])}) {move['from']} -> {move['to']} "
+                    f"(rack {where.rack}, row {where.row})"
+                )
+                self.say(f"  {move['reason']}")
+        waiting = [e for e in plan["plan"] if not e["moves"]]
+        for entry in waiting[:3]:
+            self.say(f"{entry['domain']}: {entry['reason']}")
+        if len(waiting) > 3:
+            self.say(f"… and {len(waiting) - 3} more hot domains without a move of their own")
+        self.say("the decider proposes; the scheduler's preemption would carry it out")
 
 
 def _minutes(seconds: float | None) -> str:
