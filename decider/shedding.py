@@ -33,6 +33,13 @@ it over generated sites; `Shedder` keeps the pacing in the database and serves i
 on its other feeds, shared evenly; a rack whose share passes a surviving feed's rating ×
 derating is listed with the figures and the replicas the same order would move (as many as
 bring it back under), each with a destination outside the racks the PDU feeds.
+
+**Capping instead of moving** (docs/power-capping.md): each hot entry carries
+`power_capping`, the GPU power limit that would bring that domain back under its target
+(`decider.power_capping.recommend` on the view before this plan's moves; null where no
+reading asks for one), and the plan's top-level `power_capping` lists the same for every
+warm or over-budget domain that is not hot. Both are recommendations, as the moves are, and
+they are worked out whether shedding is enabled or not: capping needs no replica to move.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from decider import power_capping
 from decider.facility import DomainRef
 from decider.models import Replica
 from decider.placement import Verdict, decide
@@ -229,6 +237,9 @@ class Plan:
     missing: list[str]
     #: The pacing record after this plan: changed domains only (None: forget it).
     pacing: dict[DomainRef, Proposal | None] = field(default_factory=dict)
+    #: Power caps for warm or over-budget domains that are not hot (a hot one's is in its
+    #: entry).
+    capping: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def moves(self) -> int:
@@ -252,6 +263,7 @@ class Plan:
             "interval_seconds": interval,
             "plan": self.entries,
             "moves": self.moves,
+            "power_capping": self.capping,
             "missing": self.missing,
             "summary": self.summary(),
         }
@@ -270,7 +282,27 @@ def _window(
     return now >= opens, opens
 
 
+def capping_elsewhere(view: View) -> list[dict[str, Any]]:
+    """Power caps for the domains that need one and are not hot (hot ones: in their entry)."""
+    return [
+        recommendation.as_json()
+        for recommendation in power_capping.recommendations(view)
+        if view.domain(recommendation.domain).condition != "hot"
+    ]
+
+
+def capping_for(view: View, ref: DomainRef) -> dict[str, Any] | None:
+    recommendation = power_capping.recommend(view, ref)
+    return None if recommendation is None else recommendation.as_json()
+
+
 def plan(view: View, now: float, pacing: Mapping[DomainRef, Proposal]) -> Plan:
+    result = _plan(view, now, pacing)
+    result.capping = capping_elsewhere(view)
+    return result
+
+
+def _plan(view: View, now: float, pacing: Mapping[DomainRef, Proposal]) -> Plan:
     shedding = view.facility.shedding
     if not shedding.enabled:
         return Plan(False, [], [])
@@ -307,6 +339,7 @@ def plan(view: View, now: float, pacing: Mapping[DomainRef, Proposal]) -> Plan:
             "moves": [],
             "skipped": [],
             "next_move_at": None,
+            "power_capping": capping_for(base, ref),
         }
         entries.append(entry)
         if ref not in shed:

@@ -751,3 +751,48 @@ def poll_plan(decider_: Decider) -> dict[str, Any]:
         lambda: (a := decider_.get("/v1/shedding").json())["moves"] and a,
         "a shedding plan with a move",
     )
+
+
+# --- capping instead of moving ------------------------------------------------------------
+
+
+def test_the_plan_offers_a_power_cap_beside_each_move_and_for_warm_domains():
+    """r1 hot holds 2 + 3 kW reserved on 16 GPUs at 700 W: capping's target is 10 % below
+    the load, 4.5 kW, so 500 W off 16 GPUs: 16 × (700 − L) ≥ 500 → L = 668 W (the highest
+    whole watt). r2 warm holds 1 kW: 100 W off its 16 GPUs → 693 W, listed at the top level,
+    because r2 has no entry (it is not hot). The hot rack's cap is judged on the site
+    before the plan's moves."""
+    with worked_site() as s:
+        s.reserve("a1", 2000, "embed")
+        s.reserve("a2", 3000, "summarise")
+        s.reserve("b1", 1000, "summarise")
+        s.conditions[ref("rack/r2")] = "warm"
+        s.heat("rack/r1", 3600)
+        result = s.plan()
+        (entry,) = result.entries
+        assert len(entry["moves"]) == 1  # capping is an alternative: the move is still there
+        cap = entry["power_capping"]
+        assert (cap["kind"], cap["domain"], cap["why"]) == ("rack", "r1", ["hot"])
+        assert (cap["load_watts"], cap["target_watts"], cap["reduce_watts"]) == (
+            5000.0,
+            4500.0,
+            500.0,
+        )
+        assert (cap["gpus"], cap["gpu_limit_watts"], cap["actuated"]) == (16, 668.0, False)
+        (warm,) = result.as_json(600, 300)["power_capping"]
+        assert (warm["domain"], warm["why"], warm["gpu_limit_watts"]) == ("r2", ["warm"], 693.0)
+
+
+def test_capping_is_offered_with_shedding_disabled_and_nothing_for_a_cool_site():
+    """r1 warm with 2 kW reserved: 200 W off its 16 GPUs → 700 − 12.5 → 687 W."""
+    with site({"domains": RACKS}, MEMBERSHIP) as s:
+        s.reserve("a1", 2000, "embed")
+        assert s.plan().as_json(600, 300)["power_capping"] == []
+        s.conditions[ref("rack/r1")] = "warm"
+        s.refresh()
+        (warm,) = s.plan().as_json(600, 300)["power_capping"]
+        assert (warm["domain"], warm["reduce_watts"], warm["gpu_limit_watts"]) == (
+            "r1",
+            200.0,
+            687.0,
+        )
