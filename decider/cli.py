@@ -576,6 +576,10 @@ def shedding_plan(decider: Decider, as_json: bool) -> int:
         print(f"{entry['domain']}: {entry['reason']}")
         for skipped in entry.get("skipped", []):
             print(f"  skipped {skipped['reservation']}: {skipped['reason']}")
+        if entry.get("power_capping"):
+            print(f"  or cap instead: {entry['power_capping']['reason']}")
+    for capping in answer.get("power_capping", []):
+        print(f"cap {capping['kind']}/{capping['domain']}: {capping['reason']}")
     print_missing(answer.get("missing", []))
     return 0
 

@@ -734,6 +734,9 @@ def test_the_calls_metric_and_cli_on_a_real_decider(tmp_path: Path, capsys):
         assert cli.main(["shedding", *base]) == 0
         out = capsys.readouterr().out
         assert "rack/r1" in out and "e1" in out and f"a1 -> {move['to']}" in out
+        # The alternative to the move: r1's reservation is all its load (no measurement).
+        assert entry["power_capping"]["why"] == ["hot"]
+        assert f"  or cap instead: {entry['power_capping']['reason']}\n" in out
         assert cli.main(["failover", "r1-a", *base]) == 0
         out = capsys.readouterr().out
         assert "loss of pdu r1-a: 1 domain(s) fed, 0 over what survives" in out
