@@ -473,46 +473,22 @@ def headroom(decider: Decider, profile: str, as_json: bool) -> int:
     print(f"profile {profile}: how many more replicas fit, per domain")
     rows = []
     for entry in sorted(answer.get("domains", []), key=domain_order):
-        fits = entry.get("fits")
-        binds = "; ".join(
-            bind["reason"]
-            if bind.get("nodes", 1) <= 1
-            else f"{bind['reason']} ({bind['nodes']} nodes)"
-            for bind in entry.get("binds", [])
-        )
-        rows.append(
-            [
-                f"{entry['kind']}/{entry['domain']}",
-                "unbounded" if fits is None else str(fits),
-                binds or "-",
-            ]
-        )
-        rows += phase_fit_rows(entry)
+        rows.append(fit_row(f"{entry['kind']}/{entry['domain']}", entry))
+        rows += [fit_row(f"  phase {phase['phase']}", phase) for phase in entry.get("phases") or []]
     for line in table(("DOMAIN", "FITS", "WHAT BINDS"), rows, frozenset({1})):
         print(line)
     print_missing(answer.get("missing", []))
     return 0
 
 
-def phase_fit_rows(entry: dict[str, Any]) -> list[list[str]]:
-    """A three-phase pdu's phases under its headroom row: what fits on each, what binds."""
-    rows = []
-    for phase in entry.get("phases") or []:
-        fits = phase.get("fits")
-        binds = "; ".join(
-            bind["reason"]
-            if bind.get("nodes", 1) <= 1
-            else f"{bind['reason']} ({bind['nodes']} nodes)"
-            for bind in phase.get("binds", [])
-        )
-        rows.append(
-            [
-                f"  phase {phase['phase']}",
-                "unbounded" if fits is None else str(fits),
-                binds or "-",
-            ]
-        )
-    return rows
+def fit_row(label: str, entry: dict[str, Any]) -> list[str]:
+    """One headroom row (a domain, or a three-phase pdu's phase): what fits, what binds."""
+    fits = entry.get("fits")
+    binds = "; ".join(
+        bind["reason"] if bind.get("nodes", 1) <= 1 else f"{bind['reason']} ({bind['nodes']} nodes)"
+        for bind in entry.get("binds", [])
+    )
+    return [label, "unbounded" if fits is None else str(fits), binds or "-"]
 
 
 def profiles(decider: Decider, model: str, as_json: bool) -> int:
