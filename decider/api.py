@@ -20,7 +20,6 @@ from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic_core import to_json
 
-from decider import placement
 from decider.facility import DomainRef
 from decider.models import (
     HoldRequest,
@@ -30,7 +29,7 @@ from decider.models import (
     ReservationOut,
     ReservationRequest,
 )
-from decider.placement import capacity, phases
+from decider.placement import answers, capacity, phases
 from decider.placement.view import View
 from decider.store import StoreError
 
@@ -110,26 +109,21 @@ def create_app(service: Service) -> FastAPI:
     )
     async def placements(body: PlacementRequest) -> Response:
         view = service.state.view()
-        decision = placement.decide(view, body.replica, body.candidates)
-        refused = sum(1 for verdict in decision.verdicts if verdict.refusals)
+        # decide's answer, its nodes' parts encoded once per View and replica shape.
+        answer = answers.place(view, body.replica, body.candidates)
         service.counters.count(
-            "placement", view.mode, len(decision.verdicts), decision.refusals_by_rule, refused
+            "placement", view.mode, answer.judged, answer.refusals_by_rule, answer.refused
         )
-        answer = decision.as_json()  # its summary is recorded too: worked out once
         replica = body.replica
         service.decisions.record(
             "placement",
             f"{replica.model} ({replica.profile}, {replica.gpus} GPUs)",
-            answer["summary"]
-            + (f"; first: {decision.order[0]}" if decision.order else "; no node allowed"),
-            allowed=bool(decision.order),
-            refusals=(
-                (verdict.node.node, reason)
-                for verdict in decision.verdicts
-                for _, reason in verdict.refusals
-            ),
+            answer.summary
+            + (f"; first: {answer.order[0]}" if answer.order else "; no node allowed"),
+            allowed=bool(answer.order),
+            refusals=answer.refusals,
         )
-        return json_response(answer)
+        return Response(answer.body, media_type="application/json")
 
     # --- reservations -------------------------------------------------------------------------
 

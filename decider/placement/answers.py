@@ -1,0 +1,364 @@
+"""`POST /v1/placements`'s answer, encoded once per node per View and replica shape.
+
+A node's verdict depends on the View and the replica alone; only its place in the
+candidate list (the `scheduler_order` score) and which other nodes are asked about change
+from one request to the next. So the first request that asks about a node on a View works
+out its verdict with `decide`'s own rules (`judge` and the ordering keys) and encodes its
+answer entry with `Decision.as_json` and pydantic-core's `to_json`, as an uncached answer
+would; later requests on the same View with the same replica join the stored bytes. The
+bytes are those of `to_json(decide(view, replica, candidates).as_json())`, byte for byte
+(tests/test_placement_answers.py holds them to it across reservations, holds and
+refreshes).
+
+A View is rebuilt on every reservation, hold and refresh. A View made after a reservation
+or a hold (`View.settle`) takes over the previous View's entries for the nodes whose
+verdict cannot have changed: the same node state (settle keeps those of the racks and
+PDUs the change did not touch), the same refusals from the node's row, room and site, and
+the same room after them. After a refresh `warm` works out, on the refresher's thread,
+the entries of the replica shapes the previous View was asked about.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pydantic_core import to_json
+
+from decider.models import Replica
+from decider.placement import (
+    Decision,
+    Verdict,
+    condition,
+    judge,
+    missing,
+    power_cap,
+    rack_room,
+    spread,
+)
+from decider.placement.estimate import Estimate, estimate
+from decider.placement.view import FINE_KINDS
+
+if TYPE_CHECKING:
+    from decider.placement.view import DomainState, NodeState, View
+
+#: Replica shapes cached per View; past it the oldest shape is dropped.
+SHAPES_KEPT = 16
+#: Replica shapes a refresh works out again for the new View (the most recently asked).
+SHAPES_WARMED = 4
+#: Bits of a rank: the candidate's index (at most PlacementRequest's 100,000 candidates),
+#: then the spread count, then the rack room's score, then the condition's.
+_INDEX_BITS = 17
+_INDEX_MASK = (1 << _INDEX_BITS) - 1
+_FIELD_BITS = 21
+_FIELD_LIMIT = 1 << _FIELD_BITS
+_PLACEHOLDER = b'"scheduler_order":0'
+#: Where a View keeps its shapes (its __dict__, as View.settle keeps its figures), and where
+#: settle puts those of the View it started from.
+CACHE = "_placement_answers"
+PREVIOUS = "_placement_answers_before"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One node's part of the answer for one replica shape on one View."""
+
+    verdict: Verdict
+    #: (condition, rack_room, spread): the ordering keys before the scheduler's order;
+    #: None: refused.
+    prefix: tuple[float, ...] | None
+    #: The node's JSON object; for an allowed node up to its `scheduler_order` value, which
+    #: the request fills in, then `tail`.
+    head: bytes
+    tail: bytes
+    #: An allowed node's prefix as one integer, the candidate's index to be or-ed in: its
+    #: order is the prefix's (Shape.packed says whether every prefix fitted); None: refused.
+    rank: int | None
+    rules: tuple[str, ...]  # the rules that refuse it, each once
+    #: What the entry was worked out from, to tell whether a later View may take it over:
+    #: the node's state and its least room, its row's, room's and site's included (their
+    #: states: Shape.coarse).
+    node: NodeState
+    room: float | None
+    #: It says something in `missing`: unknown membership or an estimate's gap.
+    noted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Moved:
+    """A coarse tuple of the previous View's entries, in this View: `after`, the states
+    now (None: some state's refusals changed, or it is gone: no entry carries over); `floor`,
+    the least room among the states replaced, before and after (an entry carries over only
+    if its own least room is below it: they bind it neither before nor after)."""
+
+    before: tuple[DomainState, ...]
+    after: tuple[DomainState, ...] | None
+    floor: float | None
+    changed: bool
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the endpoint needs of a placement: the encoded body and figures to record."""
+
+    mode: str
+    order: list[str]
+    body: bytes
+    summary: str
+    judged: int
+    refused: int
+    refusals_by_rule: Counter[str]
+    #: (node, reason) of every refusal, for the status page's recent decisions.
+    refusals: list[tuple[str, str]]
+
+
+class Shape:
+    """The entries of one replica shape on one View, worked out on first use."""
+
+    def __init__(self, view: View, replica: Replica) -> None:
+        self.view = view
+        self.replica = replica
+        self.site_limit = view.site_gpu_limit_watts
+        self.observe = view.mode == "observe"
+        self.entries: dict[str, Entry] = {}
+        #: Per node, the states of its row, room and site its entry holds for this View
+        #: (shared by the nodes that have the same ones); None: never carried over.
+        self.coarse: dict[str, tuple[DomainState, ...] | None] = {}
+        self.noted = False  # some entry says something in `missing`
+        self.packed = True  # every allowed entry's rank holds its prefix
+        self._estimates: dict[tuple[float | None, int | None], Estimate] = {}
+        self._interned: dict[tuple[int, ...], tuple[DomainState, ...]] = {}
+        #: id of `previous`'s coarse tuple → what this View makes of it (_Moved).
+        self._moved: dict[int, _Moved] = {}
+        self._swapped: dict[int, DomainState | None] | None = None
+        self.previous: Shape | None = None  # the same shape on the View this one settled from
+
+    def entry(self, name: str) -> Entry:
+        found = self.entries.get(name)
+        if found is None:
+            found = self._carried(name) or self._work_out(name)
+            self.entries[name] = found  # atomic under the GIL: a race computes the same
+            if found.noted:
+                self.noted = True
+        return found
+
+    def _carried(self, name: str) -> Entry | None:
+        """The previous View's entry, when nothing it was worked out from has changed: the
+        same node state, and each of its row, room and site that the change replaced has
+        the same refusals and binds neither before nor after (its room above the node's)."""
+        previous = self.previous
+        if previous is None:
+            return None
+        old = previous.entries.get(name)
+        if old is None or self.view.node(name) is not old.node:
+            return None
+        states = previous.coarse.get(name)
+        if states is None:
+            return None
+        moved = self._moved.get(id(states))
+        if moved is None or moved.before is not states:
+            moved = self._moved[id(states)] = self._move(states)
+        if moved.after is None:
+            return None
+        room = old.room
+        if moved.floor is not None and (room is None or moved.floor <= room):
+            return None
+        headroom = old.verdict.headroom_watts
+        if moved.changed and headroom is not None and headroom < 0:
+            # Past its room, it names every domain past its limit, with their figures.
+            watts = old.verdict.estimate.watts
+            margin = self.view.facility.defaults.margin
+            for state, now in zip(states, moved.after, strict=True):
+                if power_cap.refuse(state, watts, margin) != power_cap.refuse(now, watts, margin):
+                    return None
+        self.coarse[name] = moved.after
+        return old
+
+    def _move(self, states: tuple[DomainState, ...]) -> _Moved:
+        """What this View makes of a coarse tuple of the previous View's entries."""
+        swapped = self._swapped
+        if swapped is None:
+            assert self.previous is not None
+            swapped = self._swapped = _swapped(self.previous.view, self.view)
+        after = []
+        floor: float | None = None
+        changed = False
+        for state in states:
+            if id(state) not in swapped:
+                after.append(state)
+                continue
+            now = swapped[id(state)]
+            if now is None or now.refusals != state.refusals:
+                return _Moved(states, None, None, True)
+            changed = True
+            for room in (state.room, now.room):
+                if room is not None and (floor is None or room < floor):
+                    floor = room
+            after.append(now)
+        return _Moved(states, self._intern(tuple(after)), floor, changed)
+
+    def _intern(self, states: tuple[DomainState, ...]) -> tuple[DomainState, ...]:
+        return self._interned.setdefault(tuple(map(id, states)), states)
+
+    def _work_out(self, name: str) -> Entry:
+        view, replica = self.view, self.replica
+        node = view.node(name)
+        kind = (node.gpu_limit_watts, node.gpus)
+        guess = self._estimates.get(kind)
+        if guess is None:
+            guess = self._estimates[kind] = estimate(replica, node, view.facility, self.site_limit)
+        verdict = judge(view, replica, node, self.site_limit, guess)
+        prefix = None
+        if not verdict.refusals:  # decide's ordering keys, the scheduler's order left open
+            prefix = (
+                condition.score(node),
+                rack_room.score(node, guess.watts),
+                spread.score(node, replica.model, view),
+            )
+            verdict.key = (*prefix, 0)
+        alone = Decision(view.mode, [verdict], [], []).as_json()["nodes"][0]
+        encoded = b"," + to_json(alone)  # the comma before it; place drops the first one
+        head, tail = encoded, b""
+        if prefix is not None:
+            before, placeholder, tail = encoded.rpartition(_PLACEHOLDER)
+            assert placeholder, "an allowed node's entry ends with its scheduler_order"
+            head = before + b'"scheduler_order":'
+        verdict.key = ()
+        rank = None if prefix is None else _rank(prefix)
+        if rank is None and prefix is not None:
+            self.packed, rank = False, 0
+        coarse: tuple[DomainState, ...] | None = ()
+        room = node.room
+        for ref in node.coarse:  # as judge reads them
+            state = view.domains.get(ref)
+            if state is None:
+                coarse = None
+                state = view.domain(ref)
+            elif coarse is not None:
+                coarse += (state,)
+            if state.room is not None and (room is None or state.room < room):
+                room = state.room
+        self.coarse[name] = None if coarse is None else self._intern(coarse)
+        return Entry(
+            verdict=verdict,
+            prefix=prefix,
+            head=head,
+            tail=tail,
+            rank=rank,
+            rules=tuple(dict.fromkeys(rule for rule, _ in verdict.refusals)),
+            node=node,
+            room=room,
+            noted=bool(guess.gaps) or (not node.domains and not node.coarse),
+        )
+
+
+def shape(view: View, replica: Replica) -> Shape:
+    """The View's cache for this replica shape, made on first use."""
+    shapes: dict[Replica, Shape] = view.__dict__.setdefault(CACHE, {})
+    found = shapes.get(replica)
+    if found is None:
+        found = Shape(view, replica)
+        earlier = view.__dict__.get(PREVIOUS)
+        if earlier is not None:
+            found.previous = earlier.get(replica)
+            if found.previous is not None:
+                found.previous.previous = None  # one View back, never a chain of them
+        while len(shapes) >= SHAPES_KEPT:
+            shapes.pop(next(iter(shapes)), None)
+        shapes[replica] = found
+    return found
+
+
+def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
+    """`decide(view, replica, candidates)`, answered from and into the View's cache."""
+    cached = shape(view, replica)
+    get = cached.entries.get
+    work_out = cached.entry
+    entries: list[Entry] = []
+    parts: list[bytes] = [b""]  # [0]: the answer up to its nodes, filled in below
+    append = parts.append
+    refused: list[Entry] = []
+    keys: list[int] = []  # the allowed: rank | index, decide's order as one integer each
+    for index, name in enumerate(candidates):
+        found = get(name) or work_out(name)
+        entries.append(found)
+        append(found.head)
+        if found.rank is None:
+            refused.append(found)
+        else:
+            append(b"%d" % index)
+            append(found.tail)
+            keys.append(found.rank | index)
+    if view.mode == "observe":
+        order = list(candidates)
+    elif cached.packed:
+        keys.sort()
+        order = [candidates[key & _INDEX_MASK] for key in keys]
+    else:  # some key too large to pack: decide's tuples, the scheduler's order last
+        allowed = [(found.prefix, index) for index, found in enumerate(entries) if found.prefix]
+        allowed.sort()
+        order = [candidates[index] for _, index in allowed]
+    tally = Counter(rule for found in refused for rule in found.rules)
+    if cached.noted:
+        verdicts = [found.verdict for found in entries]
+    else:  # the summary counts the refused and the rest alone; `missing` has nothing to add
+        allowed_one = [entries[keys[0] & _INDEX_MASK].verdict] if keys else []
+        verdicts = [found.verdict for found in refused] + allowed_one * len(keys)
+        if view.mode == "observe":
+            verdicts = [found.verdict for found in entries]
+    notes = missing(view, verdicts if cached.noted else [])
+    summary = Decision(view.mode, verdicts, order, notes, tally).summary()
+    frame = to_json(
+        {"mode": view.mode, "order": order, "nodes": [], "missing": notes, "summary": summary}
+    )
+    before, nodes, after = frame.partition(b'"nodes":[]')
+    assert nodes, "the answer has its nodes"
+    parts[0] = before + b'"nodes":['
+    if len(parts) > 1:  # a node's head starts with a comma, but for the first node's
+        parts[1] = parts[1][1:]
+    append(b"]" + after)
+    body = b"".join(parts)
+    return Answer(
+        mode=view.mode,
+        order=order,
+        body=body,
+        summary=summary,
+        judged=len(entries),
+        refused=len(refused),
+        refusals_by_rule=tally,
+        refusals=[
+            (found.verdict.node.node, reason)
+            for found in refused
+            for _, reason in found.verdict.refusals
+        ],
+    )
+
+
+def _swapped(before: View, after: View) -> dict[int, DomainState | None]:
+    """The rows, rooms and sites whose state `after` replaced (few: a change touches the
+    changed node's), by the id of `before`'s state (kept alive by `before`)."""
+    if "domains" not in before.__dict__:
+        return {}
+    now = after.domains
+    found = {}
+    for ref, state in before.domains.items():
+        if ref.kind not in FINE_KINDS:
+            current = now.get(ref)
+            if current is not state:
+                found[id(state)] = current
+    return found
+
+
+def _rank(prefix: tuple[float, ...]) -> int | None:
+    """(condition, rack_room, spread) as one integer ordered as the tuples are, with room
+    below for the candidate's index; None where a score is not a small enough integer."""
+    worse, room, spread_count = prefix
+    if not all(type(score) is int for score in prefix):
+        return None
+    if not (0 <= worse <= 1 and -_FIELD_LIMIT < room <= 0 and 0 <= spread_count < _FIELD_LIMIT):
+        return None
+    packed = (int(worse) << _FIELD_BITS | int(room) + _FIELD_LIMIT) << _FIELD_BITS | int(
+        spread_count
+    )
+    return packed << _INDEX_BITS
