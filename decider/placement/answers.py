@@ -358,7 +358,7 @@ def _rank(prefix: tuple[float, ...]) -> int | None:
         return None
     if not (0 <= worse <= 1 and -_FIELD_LIMIT < room <= 0 and 0 <= spread_count < _FIELD_LIMIT):
         return None
-    packed = (int(worse) << _FIELD_BITS | int(room) + _FIELD_LIMIT) << _FIELD_BITS | int(
+    packed = (int(worse) << _FIELD_BITS | int(room) + _FIELD_LIMIT - 1) << _FIELD_BITS | int(
         spread_count
     )
     return packed << _INDEX_BITS
