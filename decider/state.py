@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from decider.config import Staleness
 from decider.facility import DomainRef, Facility
 from decider.models import Replica, ReservationRequest
-from decider.placement import Verdict, judge, missing
+from decider.placement import Verdict, answers, judge, missing
 from decider.placement.view import View
 from decider.snapshot import INVENTORY_PARTS, Snapshot
 from decider.store import Hold, Reservation, Store
@@ -113,6 +113,8 @@ class State:
         # latency of a 10,000-candidate placement (docs/benchmarks.md).
         for node in snapshot.membership:
             view.node(node)
+        # And the placement answers' entries for the replica shapes asked about lately.
+        answers.warm(view, self._view)
         with self._lock:
             current = self._view
             unchanged = (

@@ -278,19 +278,44 @@ def apply(site: Site, step: tuple[Any, ...]) -> None:
         assert_as_decide(site.view(), SHAPES[step[1]], step[2][: len(step[2]) // 2 + 1])
 
 
-@given(steps=st.lists(STEP, min_size=1, max_size=30), mode=st.sampled_from(["enforce", "observe"]))
+ASKED = st.sampled_from(["nothing", "a few", "every node"])
+
+
+@given(
+    steps=st.lists(st.tuples(STEP, ASKED), min_size=1, max_size=30),
+    mode=st.sampled_from(["enforce", "observe"]),
+)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_whatever_the_view_went_through_the_answer_is_decides(
-    steps: list[tuple[Any, ...]], mode: str
+    steps: list[tuple[tuple[Any, ...], str]], mode: str
 ) -> None:
     with tempfile.TemporaryDirectory() as directory:
         site = new_site(Path(directory), mode)
         try:
-            for step in steps:
-                # Ask before and after every change, so entries are carried over each one.
-                assert_as_decide(site.view(), SHAPES[0], CANDIDATES)
+            assert_as_decide(site.view(), SHAPES[0], CANDIDATES)
+            for step, asked in steps:
                 apply(site, step)
-                assert_as_decide(site.view(), SHAPES[0], CANDIDATES)
-                assert_as_decide(site.view(), SHAPES[1], list(reversed(CANDIDATES)))
+                # Asked about every node, a few or none after a change: entries come from
+                # the View before, or one further back.
+                if asked == "every node":
+                    assert_as_decide(site.view(), SHAPES[0], CANDIDATES)
+                elif asked == "a few":
+                    assert_as_decide(site.view(), SHAPES[0], CANDIDATES[-4:])
+            assert_as_decide(site.view(), SHAPES[0], list(reversed(CANDIDATES)))
+            assert_as_decide(site.view(), SHAPES[1], CANDIDATES)
         finally:
             site.store.close()
+
+
+def test_a_refresh_works_out_the_shapes_asked_about_before_it(tmp_path: Path) -> None:
+    site = new_site(tmp_path)
+    assert_as_decide(site.view(), SHAPES[1], CANDIDATES[:2])
+    before = site.view()
+    site.state.set_snapshot(readings(0.8))
+    after = site.view()
+    assert after is not before
+    warmed = answers.shape(after, SHAPES[1]).entries
+    assert set(warmed) == set(NODES)  # every member; "ghost" has no membership to warm
+    assert SHAPES[0] not in after.__dict__[answers.CACHE]  # never asked about
+    assert_as_decide(after, SHAPES[1], CANDIDATES)
+    assert answers.shape(after, SHAPES[1]).entries["r1-1"] is warmed["r1-1"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic_core import to_json
 
@@ -57,7 +57,12 @@ _PLACEHOLDER = b'"scheduler_order":0'
 #: Where a View keeps its shapes (its __dict__, as View.settle keeps its figures), and where
 #: settle puts those of the View it started from.
 CACHE = "_placement_answers"
-PREVIOUS = "_placement_answers_before"
+LINEAGE = "_placement_answers_before"
+#: Shapes of earlier Views an entry may be carried over from (the View before may have
+#: been asked about fewer nodes, or not at all), and how many changes a shape nobody asks
+#: about again is kept for.
+CARRY_DEPTH = 4
+LINEAGE_STEPS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,10 +134,12 @@ class Shape:
         self.packed = True  # every allowed entry's rank holds its prefix
         self._estimates: dict[tuple[float | None, int | None], Estimate] = {}
         self._interned: dict[tuple[int, ...], tuple[DomainState, ...]] = {}
-        #: id of `previous`'s coarse tuple → what this View makes of it (_Moved).
-        self._moved: dict[int, _Moved] = {}
-        self._swapped: dict[int, DomainState | None] | None = None
-        self.previous: Shape | None = None  # the same shape on the View this one settled from
+        #: Per earlier shape (by id): the rows, rooms and sites this View replaced, and
+        #: what this View makes of each of its coarse tuples (by id).
+        self._memo: dict[int, tuple[dict[int, DomainState | None], dict[int, _Moved]]] = {}
+        #: The same shape on the View this one settled from (or an earlier one), whose
+        #: `previous` is older still, at most CARRY_DEPTH of them.
+        self.previous: Shape | None = None
 
     def entry(self, name: str) -> Entry:
         found = self.entries.get(name)
@@ -144,21 +151,32 @@ class Shape:
         return found
 
     def _carried(self, name: str) -> Entry | None:
-        """The previous View's entry, when nothing it was worked out from has changed: the
-        same node state, and each of its row, room and site that the change replaced has
-        the same refusals and binds neither before nor after (its room above the node's)."""
-        previous = self.previous
-        if previous is None:
+        """An earlier View's entry, when nothing it was worked out from has changed: the
+        same node state, and each of its row, room and site that changes replaced has the
+        same refusals and binds neither before nor after (its room above the node's)."""
+        earlier = self.previous
+        for _ in range(CARRY_DEPTH):
+            if earlier is None:
+                return None
+            old = earlier.entries.get(name)
+            if old is not None:
+                return self._carry(earlier, name, old)
+            earlier = earlier.previous
+        return None
+
+    def _carry(self, earlier: Shape, name: str, old: Entry) -> Entry | None:
+        if self.view.node(name) is not old.node:
             return None
-        old = previous.entries.get(name)
-        if old is None or self.view.node(name) is not old.node:
-            return None
-        states = previous.coarse.get(name)
+        states = earlier.coarse.get(name)
         if states is None:
             return None
-        moved = self._moved.get(id(states))
+        memo = self._memo.get(id(earlier))
+        if memo is None:
+            memo = self._memo[id(earlier)] = (_swapped(earlier.view, self.view), {})
+        swapped, moves = memo
+        moved = moves.get(id(states))
         if moved is None or moved.before is not states:
-            moved = self._moved[id(states)] = self._move(states)
+            moved = moves[id(states)] = self._move(swapped, states)
         if moved.after is None:
             return None
         room = old.room
@@ -175,12 +193,10 @@ class Shape:
         self.coarse[name] = moved.after
         return old
 
-    def _move(self, states: tuple[DomainState, ...]) -> _Moved:
-        """What this View makes of a coarse tuple of the previous View's entries."""
-        swapped = self._swapped
-        if swapped is None:
-            assert self.previous is not None
-            swapped = self._swapped = _swapped(self.previous.view, self.view)
+    def _move(
+        self, swapped: dict[int, DomainState | None], states: tuple[DomainState, ...]
+    ) -> _Moved:
+        """What this View makes of a coarse tuple of an earlier View's entries."""
         after = []
         floor: float | None = None
         changed = False
@@ -259,15 +275,47 @@ def shape(view: View, replica: Replica) -> Shape:
     found = shapes.get(replica)
     if found is None:
         found = Shape(view, replica)
-        earlier = view.__dict__.get(PREVIOUS)
+        earlier = view.__dict__.get(LINEAGE, {}).get(replica)
         if earlier is not None:
-            found.previous = earlier.get(replica)
-            if found.previous is not None:
-                found.previous.previous = None  # one View back, never a chain of them
+            found.previous = earlier[0]
+            last = found
+            for _ in range(CARRY_DEPTH):  # no longer a chain of old Views than that
+                if last.previous is None:
+                    break
+                last = last.previous
+            last.previous = None
         while len(shapes) >= SHAPES_KEPT:
             shapes.pop(next(iter(shapes)), None)
         shapes[replica] = found
     return found
+
+
+def lineage(before: dict[str, Any]) -> dict[Replica, tuple[Shape, int]]:
+    """For View.settle, from the View before's storage (taken out of it, so that no chain
+    of Views builds up): per replica shape, the latest Shape of it on that View or an
+    earlier one, and how many changes ago."""
+    found = {
+        replica: (earlier, steps + 1)
+        for replica, (earlier, steps) in before.pop(LINEAGE, {}).items()
+        if steps < LINEAGE_STEPS
+    }
+    for replica, mine in before.get(CACHE, {}).items():
+        found[replica] = (mine, 0)
+    return found
+
+
+def warm(view: View, before: View) -> None:
+    """Work out on `view` (a refresh's, before it is swapped in) the entries of every node
+    for the replica shapes `before` was last asked about, at most SHAPES_WARMED of them,
+    so that the first placement after a refresh costs what any other does."""
+    recent = list(reversed(before.__dict__.get(CACHE, {})))
+    earlier = sorted(before.__dict__.get(LINEAGE, {}).items(), key=lambda item: item[1][1])
+    recent += [replica for replica, _ in earlier if replica not in recent]
+    nodes = view.snapshot.membership if "membership" in view.fresh else {}
+    for replica in recent[:SHAPES_WARMED]:
+        entry = shape(view, replica).entry
+        for name in nodes:
+            entry(name)
 
 
 def place(view: View, replica: Replica, candidates: list[str]) -> Answer:

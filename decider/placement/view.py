@@ -312,11 +312,10 @@ class View:
         if "_phases" in cache:
             pdus = {ref.name for ref in touched if ref.kind == "pdu"}
             mine["_phases"] = {k: v for k, v in cache["_phases"].items() if k[0] not in pdus}
-        # Placement answers (decider.placement.answers): entries that still hold carry over;
-        # one View back only, so no chain of old Views is kept alive.
-        cache.pop("_placement_answers_before", None)
-        if "_placement_answers" in cache:
-            mine["_placement_answers_before"] = cache["_placement_answers"]
+        # Placement answers (decider.placement.answers): entries that still hold carry over.
+        from decider.placement import answers
+
+        mine[answers.LINEAGE] = answers.lineage(cache)
         for name in ("members", "gaps", "site_gpu_limit_watts", "phased_pdus"):
             if name in cache:
                 mine[name] = cache[name]
