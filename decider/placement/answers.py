@@ -21,8 +21,9 @@ the entries of the replica shapes the previous View was asked about.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from pydantic_core import to_json
 
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
 
 #: Replica shapes cached per View; past it the oldest shape is dropped.
 SHAPES_KEPT = 16
+#: Summaries kept per shape (by the counts they say).
+SUMMARIES_KEPT = 256
 #: Replica shapes a refresh works out again for the new View (the most recently asked).
 SHAPES_WARMED = 4
 #: Bits of a rank: the candidate's index (at most PlacementRequest's 100,000 candidates),
@@ -61,7 +64,7 @@ LINEAGE = "_placement_answers_before"
 #: Shapes of earlier Views an entry may be carried over from (the View before may have
 #: been asked about fewer nodes, or not at all), and how many changes a shape nobody asks
 #: about again is kept for.
-CARRY_DEPTH = 4
+CARRY_DEPTH = 8
 LINEAGE_STEPS = 8
 
 
@@ -115,7 +118,41 @@ class Answer:
     refused: int
     refusals_by_rule: Counter[str]
     #: (node, reason) of every refusal, for the status page's recent decisions.
-    refusals: list[tuple[str, str]]
+    refusals: Sequence[tuple[str, str]]
+
+
+class Refusals(Sequence[tuple[str, str]]):
+    """(node, reason) of every refusal of an answer, listed when first read: the status
+    page's ring keeps them, and reads few of the answers it keeps."""
+
+    def __init__(self, refused: list[Entry]) -> None:
+        self._refused = refused
+        self._listed: list[tuple[str, str]] | None = None
+
+    def _all(self) -> list[tuple[str, str]]:
+        if self._listed is None:
+            self._listed = [
+                (found.verdict.node.node, reason)
+                for found in self._refused
+                for _, reason in found.verdict.refusals
+            ]
+        return self._listed
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[str, str]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[str, str]]: ...
+    def __getitem__(self, index: int | slice) -> tuple[str, str] | list[tuple[str, str]]:
+        return self._all()[index]
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == other if isinstance(other, Sequence) else NotImplemented
 
 
 class Shape:
@@ -133,6 +170,7 @@ class Shape:
         self.noted = False  # some entry says something in `missing`
         self.packed = True  # every allowed entry's rank holds its prefix
         self._estimates: dict[tuple[float | None, int | None], Estimate] = {}
+        self._summaries: dict[tuple[Any, ...], str] = {}
         self._interned: dict[tuple[int, ...], tuple[DomainState, ...]] = {}
         #: Per earlier shape (by id): the rows, rooms and sites this View replaced, and
         #: what this View makes of each of its coarse tuples (by id).
@@ -213,6 +251,30 @@ class Shape:
                     floor = room
             after.append(now)
         return _Moved(states, self._intern(tuple(after)), floor, changed)
+
+    def summary(
+        self,
+        judged: int,
+        refused: list[Entry],
+        tally: Counter[str],
+        order: list[str],
+        notes: list[str],
+    ) -> str:
+        """Decision.summary, which depends on the counts alone: worked out once per counts."""
+        key = (judged, len(refused), tuple(tally.items()))
+        found = self._summaries.get(key)
+        if found is None:
+            allowed = [] if len(refused) == judged else [self.allowed_one(refused)]
+            verdicts = [e.verdict for e in refused] + allowed * (judged - len(refused))
+            found = Decision(self.view.mode, verdicts, order, notes, tally).summary()
+            if len(self._summaries) >= SUMMARIES_KEPT:
+                self._summaries.clear()
+            self._summaries[key] = found
+        return found
+
+    def allowed_one(self, refused: list[Entry]) -> Verdict:
+        """Any verdict of a node not refused, to stand for them all in the summary's count."""
+        return next(e.verdict for e in self.entries.values() if not e.verdict.refusals)
 
     def _intern(self, states: tuple[DomainState, ...]) -> tuple[DomainState, ...]:
         return self._interned.setdefault(tuple(map(id, states)), states)
@@ -348,15 +410,8 @@ def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
         allowed.sort()
         order = [candidates[index] for _, index in allowed]
     tally = Counter(rule for found in refused for rule in found.rules)
-    if cached.noted:
-        verdicts = [found.verdict for found in entries]
-    else:  # the summary counts the refused and the rest alone; `missing` has nothing to add
-        allowed_one = [entries[keys[0] & _INDEX_MASK].verdict] if keys else []
-        verdicts = [found.verdict for found in refused] + allowed_one * len(keys)
-        if view.mode == "observe":
-            verdicts = [found.verdict for found in entries]
-    notes = missing(view, verdicts if cached.noted else [])
-    summary = Decision(view.mode, verdicts, order, notes, tally).summary()
+    notes = missing(view, [found.verdict for found in entries] if cached.noted else [])
+    summary = cached.summary(len(entries), refused, tally, order, notes)
     frame = to_json(
         {"mode": view.mode, "order": order, "nodes": [], "missing": notes, "summary": summary}
     )
@@ -375,11 +430,7 @@ def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
         judged=len(entries),
         refused=len(refused),
         refusals_by_rule=tally,
-        refusals=[
-            (found.verdict.node.node, reason)
-            for found in refused
-            for _, reason in found.verdict.refusals
-        ],
+        refusals=Refusals(refused),
     )
 
 
