@@ -16,7 +16,9 @@ membership is unknown.
 
 from __future__ import annotations
 
+import gc
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -319,3 +321,21 @@ def test_a_refresh_works_out_the_shapes_asked_about_before_it(tmp_path: Path) ->
     assert SHAPES[0] not in after.__dict__[answers.CACHE]  # never asked about
     assert_as_decide(after, SHAPES[1], CANDIDATES)
     assert answers.shape(after, SHAPES[1]).entries["r1-1"] is warmed["r1-1"]
+
+
+def test_a_view_is_freed_without_the_garbage_collector_once_no_later_one_needs_it(
+    tmp_path: Path,
+) -> None:
+    site = new_site(tmp_path)
+    rep = SHAPES[0]
+    assert_as_decide(site.view(), rep, CANDIDATES)
+    first = weakref.ref(site.view())
+    gc.disable()
+    try:
+        for number in range(answers.CARRY_DEPTH + 2):
+            site.reserve(f"r1-{1 + number % 3}", rep)
+            site.state.release(f"res-{site.ids}")
+            answers.place(site.view(), rep, CANDIDATES)
+        assert first() is None
+    finally:
+        gc.enable()

@@ -20,6 +20,7 @@ the entries of the replica shapes the previous View was asked about.
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -159,7 +160,9 @@ class Shape:
     """The entries of one replica shape on one View, worked out on first use."""
 
     def __init__(self, view: View, replica: Replica) -> None:
-        self.view = view
+        # Weakly: the View holds its shapes, and a cycle would leave every View to the
+        # cyclic garbage collector. The shape after this one holds this View (previous_view).
+        self._view = weakref.ref(view)
         self.replica = replica
         self.site_limit = view.site_gpu_limit_watts
         self.observe = view.mode == "observe"
@@ -178,6 +181,13 @@ class Shape:
         #: The same shape on the View this one settled from (or an earlier one), whose
         #: `previous` is older still, at most CARRY_DEPTH of them.
         self.previous: Shape | None = None
+        self.previous_view: View | None = None  # previous's View, kept alive for it
+
+    @property
+    def view(self) -> View:
+        view = self._view()
+        assert view is not None, "a shape is used only while its View is"
+        return view
 
     def entry(self, name: str) -> Entry:
         found = self.entries.get(name)
@@ -339,30 +349,31 @@ def shape(view: View, replica: Replica) -> Shape:
         found = Shape(view, replica)
         earlier = view.__dict__.get(LINEAGE, {}).get(replica)
         if earlier is not None:
-            found.previous = earlier[0]
+            found.previous, found.previous_view, _ = earlier
             last = found
             for _ in range(CARRY_DEPTH):  # no longer a chain of old Views than that
                 if last.previous is None:
                     break
                 last = last.previous
-            last.previous = None
+            last.previous = last.previous_view = None
         while len(shapes) >= SHAPES_KEPT:
             shapes.pop(next(iter(shapes)), None)
         shapes[replica] = found
     return found
 
 
-def lineage(before: dict[str, Any]) -> dict[Replica, tuple[Shape, int]]:
-    """For View.settle, from the View before's storage (taken out of it, so that no chain
-    of Views builds up): per replica shape, the latest Shape of it on that View or an
-    earlier one, and how many changes ago."""
+def lineage(before: View) -> dict[Replica, tuple[Shape, View, int]]:
+    """For View.settle: per replica shape, the latest Shape of it on the View before or an
+    earlier one, its View, and how many changes ago. Taken out of the View before, so that
+    no chain of Views builds up."""
+    storage = before.__dict__
     found = {
-        replica: (earlier, steps + 1)
-        for replica, (earlier, steps) in before.pop(LINEAGE, {}).items()
+        replica: (earlier, view, steps + 1)
+        for replica, (earlier, view, steps) in storage.pop(LINEAGE, {}).items()
         if steps < LINEAGE_STEPS
     }
-    for replica, mine in before.get(CACHE, {}).items():
-        found[replica] = (mine, 0)
+    for replica, mine in storage.get(CACHE, {}).items():
+        found[replica] = (mine, before, 0)
     return found
 
 
@@ -371,7 +382,7 @@ def warm(view: View, before: View) -> None:
     for the replica shapes `before` was last asked about, at most SHAPES_WARMED of them,
     so that the first placement after a refresh costs what any other does."""
     recent = list(reversed(before.__dict__.get(CACHE, {})))
-    earlier = sorted(before.__dict__.get(LINEAGE, {}).items(), key=lambda item: item[1][1])
+    earlier = sorted(before.__dict__.get(LINEAGE, {}).items(), key=lambda item: item[1][2])
     recent += [replica for replica, _ in earlier if replica not in recent]
     nodes = view.snapshot.membership if "membership" in view.fresh else {}
     for replica in recent[:SHAPES_WARMED]:

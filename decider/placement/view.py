@@ -315,7 +315,7 @@ class View:
         # Placement answers (decider.placement.answers): entries that still hold carry over.
         from decider.placement import answers
 
-        mine[answers.LINEAGE] = answers.lineage(cache)
+        mine[answers.LINEAGE] = answers.lineage(previous)
         for name in ("members", "gaps", "site_gpu_limit_watts", "phased_pdus"):
             if name in cache:
                 mine[name] = cache[name]
