@@ -16,6 +16,7 @@ membership is unknown.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import tempfile
 import weakref
@@ -106,10 +107,14 @@ def facility(mode: str = "enforce", **more: Any) -> Any:
 
 
 def assert_as_decide(view: View, rep: Replica, candidates: list[str]) -> answers.Answer:
-    """The cached answer is the fresh one, in every part the endpoint uses."""
+    """The cached answer is the fresh one, in every part the endpoint uses: `decide`'s on
+    this View, and on a View of the same state that works out every figure anew (this View
+    may have taken its figures over from the View before, View.settle)."""
     decision = decide(view, rep, candidates)
     got = answers.place(view, rep, candidates)
     assert got.body == to_json(decision.as_json())
+    anew = dataclasses.replace(view)
+    assert got.body == to_json(decide(anew, rep, candidates).as_json())
     assert got.order == decision.order
     assert got.summary == decision.summary()
     assert got.refusals_by_rule == decision.refusals_by_rule

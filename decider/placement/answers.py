@@ -192,54 +192,71 @@ class Shape:
     def entry(self, name: str) -> Entry:
         found = self.entries.get(name)
         if found is None:
-            found = self._carried(name) or self._work_out(name)
-            self.entries[name] = found  # atomic under the GIL: a race computes the same
-            if found.noted:
-                self.noted = True
+            self.fill([name])
+            found = self.entries[name]
         return found
 
-    def _carried(self, name: str) -> Entry | None:
-        """An earlier View's entry, when nothing it was worked out from has changed: the
-        same node state, and each of its row, room and site that changes replaced has the
-        same refusals and binds neither before nor after (its room above the node's)."""
-        earlier = self.previous
-        for _ in range(CARRY_DEPTH):
-            if earlier is None:
-                return None
-            old = earlier.entries.get(name)
-            if old is not None:
-                return self._carry(earlier, name, old)
-            earlier = earlier.previous
-        return None
+    def fill(self, names: list[str]) -> None:
+        """Entries for these nodes, those it has not yet: carried over from an earlier
+        View's shape where nothing they were worked out from has changed, else worked out.
 
-    def _carry(self, earlier: Shape, name: str, old: Entry) -> Entry | None:
-        if self.view.node(name) is not old.node:
-            return None
-        states = earlier.coarse.get(name)
-        if states is None:
-            return None
-        memo = self._memo.get(id(earlier))
-        if memo is None:
-            memo = self._memo[id(earlier)] = (_swapped(earlier.view, self.view), {})
-        swapped, moves = memo
-        moved = moves.get(id(states))
-        if moved is None or moved.before is not states:
-            moved = moves[id(states)] = self._move(swapped, states)
-        if moved.after is None:
-            return None
-        room = old.room
-        if moved.floor is not None and (room is None or moved.floor <= room):
-            return None
-        headroom = old.verdict.headroom_watts
-        if moved.changed and headroom is not None and headroom < 0:
-            # Past its room, it names every domain past its limit, with their figures.
-            watts = old.verdict.estimate.watts
-            margin = self.view.facility.defaults.margin
-            for state, now in zip(states, moved.after, strict=True):
-                if power_cap.refuse(state, watts, margin) != power_cap.refuse(now, watts, margin):
-                    return None
-        self.coarse[name] = moved.after
-        return old
+        Carried over when: the same node state, and each of its row, room and site that
+        changes since replaced has the same refusals and binds neither before nor after
+        (its room is above the node's least room). One loop for them all: this runs for
+        every node after each reservation."""
+        view = self.view
+        entries, coarse = self.entries, self.coarse
+        nodes = view.__dict__.get("_nodes", {})  # View.node's cache, read without a call
+        levels: list[Shape] = []
+        earlier = self.previous
+        while earlier is not None and len(levels) < CARRY_DEPTH:
+            levels.append(earlier)
+            earlier = earlier.previous
+        for name in names:
+            if name in entries:
+                continue
+            found = None
+            for level in levels:
+                old = level.entries.get(name)
+                if old is None:
+                    continue
+                node = nodes.get(name) or view.node(name)
+                states = level.coarse.get(name)
+                if node is not old.node or states is None:
+                    break
+                memo = self._memo.get(id(level))
+                if memo is None:  # the rows, rooms and sites changed since that View
+                    memo = self._memo[id(level)] = (_swapped(level.view, view), {})
+                moved = memo[1].get(id(states))
+                if moved is None or moved.before is not states:
+                    moved = memo[1][id(states)] = self._move(memo[0], states)
+                floor, room = moved.floor, old.room
+                if moved.after is None or (floor is not None and (room is None or floor <= room)):
+                    break
+                headroom = old.verdict.headroom_watts
+                past = headroom is not None and headroom < 0
+                if past and moved.changed and not self._names_alike(old, states, moved.after):
+                    break
+                coarse[name] = moved.after
+                found = old
+                break
+            if found is None:
+                found = self._work_out(name)
+            entries[name] = found  # atomic under the GIL: a race computes the same
+            if found.noted:
+                self.noted = True
+
+    def _names_alike(
+        self, old: Entry, before: tuple[DomainState, ...], after: tuple[DomainState, ...]
+    ) -> bool:
+        """Whether a node past its room names its row, room and site alike before and after:
+        it names every domain past its limit, with their figures."""
+        watts = old.verdict.estimate.watts
+        margin = self.view.facility.defaults.margin
+        return all(
+            power_cap.refuse(state, watts, margin) == power_cap.refuse(now, watts, margin)
+            for state, now in zip(before, after, strict=True)
+        )
 
     def _move(
         self, swapped: dict[int, DomainState | None], states: tuple[DomainState, ...]
@@ -386,23 +403,23 @@ def warm(view: View, before: View) -> None:
     recent += [replica for replica, _ in earlier if replica not in recent]
     nodes = view.snapshot.membership if "membership" in view.fresh else {}
     for replica in recent[:SHAPES_WARMED]:
-        entry = shape(view, replica).entry
-        for name in nodes:
-            entry(name)
+        shape(view, replica).fill(list(nodes))
 
 
 def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
     """`decide(view, replica, candidates)`, answered from and into the View's cache."""
     cached = shape(view, replica)
     get = cached.entries.get
-    work_out = cached.entry
     entries: list[Entry] = []
     parts: list[bytes] = [b""]  # [0]: the answer up to its nodes, filled in below
     append = parts.append
     refused: list[Entry] = []
     keys: list[int] = []  # the allowed: rank | index, decide's order as one integer each
     for index, name in enumerate(candidates):
-        found = get(name) or work_out(name)
+        found = get(name)
+        if found is None:  # this one and every later one the shape has not yet, at once
+            cached.fill(candidates[index:])
+            found = get(name)
         entries.append(found)
         append(found.head)
         if found.rank is None:

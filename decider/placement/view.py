@@ -300,6 +300,16 @@ class View:
                         if not counts[key]:
                             del counts[key]
             mine["replicas_by_model"] = counts
+        if "_spread" in cache:  # per model, as replicas_by_model above
+            spread = {model: dict(counts) for model, counts in cache["_spread"].items()}
+            for reservation, sign in [(r, 1) for r in added] + [(r, -1) for r in removed]:
+                counts = spread.get(reservation.model)
+                for ref in previous.reservation_domains(reservation) if counts is not None else ():
+                    if ref.kind in FINE_KINDS:
+                        counts[ref] = counts.get(ref, 0) + sign
+                        if not counts[ref]:
+                            del counts[ref]
+            mine["_spread"] = spread
         if "phase_reserved" in cache:
             from decider.placement import phases
 
