@@ -90,6 +90,7 @@ class Entry:
     #: states: Shape.coarse).
     node: NodeState
     room: float | None
+    past: bool  # past its least room: it names every domain past its limit
     #: It says something in `missing`: unknown membership or an estimate's gap.
     noted: bool
 
@@ -207,35 +208,38 @@ class Shape:
         view = self.view
         entries, coarse = self.entries, self.coarse
         nodes = view.__dict__.get("_nodes", {})  # View.node's cache, read without a call
-        levels: list[Shape] = []
+        # Per earlier shape that has entries: its entries and coarse tuples, and (worked out
+        # when first needed) the rows, rooms and sites changed since its View.
+        levels: list[list[Any]] = []
         earlier = self.previous
-        while earlier is not None and len(levels) < CARRY_DEPTH:
-            levels.append(earlier)
+        for _ in range(CARRY_DEPTH):
+            if earlier is None:
+                break
+            if earlier.entries:
+                levels.append([earlier, earlier.entries, earlier.coarse, None])
             earlier = earlier.previous
         for name in names:
             if name in entries:
                 continue
             found = None
             for level in levels:
-                old = level.entries.get(name)
+                old = level[1].get(name)
                 if old is None:
                     continue
                 node = nodes.get(name) or view.node(name)
-                states = level.coarse.get(name)
+                states = level[2].get(name)
                 if node is not old.node or states is None:
                     break
-                memo = self._memo.get(id(level))
-                if memo is None:  # the rows, rooms and sites changed since that View
-                    memo = self._memo[id(level)] = (_swapped(level.view, view), {})
+                memo = level[3]
+                if memo is None:
+                    memo = level[3] = self._memo_for(level[0])
                 moved = memo[1].get(id(states))
                 if moved is None or moved.before is not states:
                     moved = memo[1][id(states)] = self._move(memo[0], states)
                 floor, room = moved.floor, old.room
                 if moved.after is None or (floor is not None and (room is None or floor <= room)):
                     break
-                headroom = old.verdict.headroom_watts
-                past = headroom is not None and headroom < 0
-                if past and moved.changed and not self._names_alike(old, states, moved.after):
+                if old.past and moved.changed and not self._names_alike(old, states, moved.after):
                     break
                 coarse[name] = moved.after
                 found = old
@@ -245,6 +249,14 @@ class Shape:
             entries[name] = found  # atomic under the GIL: a race computes the same
             if found.noted:
                 self.noted = True
+
+    def _memo_for(self, earlier: Shape) -> tuple[dict[int, DomainState | None], dict[int, _Moved]]:
+        """The rows, rooms and sites changed since `earlier`'s View, and what this View
+        makes of its coarse tuples (filled in as they come)."""
+        memo = self._memo.get(id(earlier))
+        if memo is None:
+            memo = self._memo[id(earlier)] = (_swapped(earlier.view, self.view), {})
+        return memo
 
     def _names_alike(
         self, old: Entry, before: tuple[DomainState, ...], after: tuple[DomainState, ...]
@@ -352,6 +364,7 @@ class Shape:
             tail=tail,
             rank=rank,
             rules=tuple(dict.fromkeys(rule for rule, _ in verdict.refusals)),
+            past=verdict.headroom_watts is not None and verdict.headroom_watts < 0,
             node=node,
             room=room,
             noted=bool(guess.gaps) or (not node.domains and not node.coarse),
