@@ -402,7 +402,9 @@ def lineage(before: View) -> dict[Replica, tuple[Shape, View, int]]:
         for replica, (earlier, view, steps) in storage.pop(LINEAGE, {}).items()
         if steps < LINEAGE_STEPS
     }
-    for replica, mine in storage.get(CACHE, {}).items():
+    # A copy first (one C call, whole under the GIL): a placement on `before` may be adding
+    # a shape on the event loop's thread while a reservation settles on another.
+    for replica, mine in list(storage.get(CACHE, {}).items()):
         found[replica] = (mine, before, 0)
     return found
 

@@ -301,7 +301,8 @@ class View:
                             del counts[key]
             mine["replicas_by_model"] = counts
         if "_spread" in cache:  # per model, as replicas_by_model above
-            spread = {model: dict(counts) for model, counts in cache["_spread"].items()}
+            # list(): a placement may be adding a model to it on another thread meanwhile.
+            spread = {model: dict(counts) for model, counts in list(cache["_spread"].items())}
             for reservation, sign in [(r, 1) for r in added] + [(r, -1) for r in removed]:
                 counts = spread.get(reservation.model)
                 for ref in previous.reservation_domains(reservation) if counts is not None else ():
