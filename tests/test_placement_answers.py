@@ -344,3 +344,35 @@ def test_a_view_is_freed_without_the_garbage_collector_once_no_later_one_needs_i
         assert first() is None
     finally:
         gc.enable()
+
+
+def test_writes_during_a_refresh_are_in_the_view_swapped_in_which_keeps_its_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from decider.facility import DomainRef
+
+    site = new_site(tmp_path)
+    assert_as_decide(site.view(), SHAPES[0], CANDIDATES)
+    warm = answers.warm
+    warmed: list[View] = []
+
+    def warm_then_write(view: View, before: View) -> None:  # as a scheduler would, meanwhile
+        warm(view, before)
+        warmed.append(view)
+        assert site.reserve("r5-1", SHAPES[0]).reservation is not None
+        site.state.hold(DomainRef("rack", "r2"), "cooling")
+
+    monkeypatch.setattr(answers, "warm", warm_then_write)
+    snapshot = readings(0.9)
+    site.state.set_snapshot(snapshot)
+    view = site.view()
+    assert view.snapshot is snapshot and view is not warmed[0]
+    assert f"res-{site.ids}" in view.reservations
+    assert DomainRef("rack", "r2") in view.holds
+    assert_as_decide(view, SHAPES[0], CANDIDATES)
+    # Rack r1's nodes keep what the refresh worked out (row/1 binds them, and neither
+    # write changed it); those of the held rack and the reserved one are worked out again.
+    kept = answers.shape(warmed[0], SHAPES[0]).entries
+    now = answers.shape(view, SHAPES[0]).entries
+    assert all(now[node] is kept[node] for node in ("r1-1", "r1-2", "r1-3"))
+    assert all(now[node] is not kept[node] for node in ("r2-1", "r2-2", "r5-1"))
