@@ -11,11 +11,17 @@ bytes are those of `to_json(decide(view, replica, candidates).as_json())`, byte 
 refreshes).
 
 A View is rebuilt on every reservation, hold and refresh. A View made after a reservation
-or a hold (`View.settle`) takes over the previous View's entries for the nodes whose
-verdict cannot have changed: the same node state (settle keeps those of the racks and
-PDUs the change did not touch), the same refusals from the node's row, room and site, and
-the same room after them. After a refresh `warm` works out, on the refresher's thread,
-the entries of the replica shapes the previous View was asked about.
+or a hold (`View.settle`) takes over the entries of an earlier View's shape (the View
+before, or up to CARRY_DEPTH shapes back when the View before was asked about fewer nodes
+or not at all) for the nodes whose verdict cannot have changed: the same node state
+(settle keeps those of the racks and PDUs the change did not touch), and each of the
+node's row, room and site that was replaced since has the same refusals and binds the
+node neither before nor after (its room is above the node's least room; a node past its
+room also names it alike). After a refresh `warm` works out, on the refresher's thread
+and before the View is swapped in, the entries of the replica shapes asked about lately.
+
+A shape holds its View weakly (the View holds its shapes), so a View's garbage has no
+cycles and goes when the last reference does.
 """
 
 from __future__ import annotations
