@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hmac
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
@@ -20,7 +20,7 @@ from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic_core import to_json
 
-from decider import placement, power_capping, shedding
+from decider import power_capping, shedding
 from decider import profiles as profile_ranking
 from decider.facility import DomainRef
 from decider.models import (
@@ -28,10 +28,11 @@ from decider.models import (
     PlacementRequest,
     PlacementResponse,
     Refusal,
+    Replica,
     ReservationOut,
     ReservationRequest,
 )
-from decider.placement import capacity, phases, profile_choice
+from decider.placement import answers, capacity, phases, profile_choice
 from decider.placement.view import View
 from decider.store import StoreError
 
@@ -111,35 +112,47 @@ def create_app(service: Service) -> FastAPI:
     )
     async def placements(body: PlacementRequest) -> Response:
         view = service.state.view()
-        replica = body.replica
-        choice: dict[str, Any] | None = None
-        if body.profiles is None:
-            decision = placement.decide(view, replica, body.candidates)
-        else:
-            try:
-                decision, replica, choice = profile_choice.choose(view, body)
-            except profile_choice.BadOption as exc:
-                return json_response({"detail": str(exc), "problems": [str(exc)]}, 422)
+        if body.profiles is not None:
+            return placement_with_profiles(view, body)
+        # decide's answer, its nodes' parts encoded once per View and replica shape.
+        answer = answers.place(view, body.replica, body.candidates)
+        service.counters.count(
+            "placement", view.mode, answer.judged, answer.refusals_by_rule, answer.refused
+        )
+        record_placement(body.replica, answer.summary, answer.order, answer.refusals)
+        return Response(answer.body, media_type="application/json")
+
+    def placement_with_profiles(view: View, body: PlacementRequest) -> Response:
+        """Alternative profiles offered: each judged by `decide` (decider.placement.
+        profile_choice); the cache of `answers` holds one replica shape per request."""
+        try:
+            decision, replica, choice = profile_choice.choose(view, body)
+        except profile_choice.BadOption as exc:
+            return json_response({"detail": str(exc), "problems": [str(exc)]}, 422)
         refused = sum(1 for verdict in decision.verdicts if verdict.refusals)
         service.counters.count(
             "placement", view.mode, len(decision.verdicts), decision.refusals_by_rule, refused
         )
-        answer = decision.as_json()  # its summary is recorded too: worked out once
-        if choice is not None:
-            answer["profile_choice"] = choice
+        answer = decision.as_json()
+        answer["profile_choice"] = choice
+        record_placement(
+            replica,
+            answer["summary"],
+            decision.order,
+            [(v.node.node, reason) for v in decision.verdicts for _, reason in v.refusals],
+        )
+        return json_response(answer)
+
+    def record_placement(
+        replica: Replica, summary: str, order: list[str], refusals: Sequence[tuple[str, str]]
+    ) -> None:
         service.decisions.record(
             "placement",
             f"{replica.model} ({replica.profile}, {replica.gpus} GPUs)",
-            answer["summary"]
-            + (f"; first: {decision.order[0]}" if decision.order else "; no node allowed"),
-            allowed=bool(decision.order),
-            refusals=(
-                (verdict.node.node, reason)
-                for verdict in decision.verdicts
-                for _, reason in verdict.refusals
-            ),
+            summary + (f"; first: {order[0]}" if order else "; no node allowed"),
+            allowed=bool(order),
+            refusals=refusals,
         )
-        return json_response(answer)
 
     # --- reservations -------------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """The recent decisions the status page shows: a bounded, in-memory ring.
 
 The placement and reservation endpoints record each answer they give, with its reasons;
-the oldest fall off past `capacity`. Nothing is persisted: after a restart the page starts
-empty (the durable record is the decision counters on `/metrics` and the reservations).
+the oldest fall off past `capacity`. Reasons are grouped when the page reads them.
+Nothing is persisted: after a restart the page starts empty (the durable record is the
+decision counters on `/metrics` and the reservations).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 #: Decisions kept for the status page.
@@ -49,11 +50,40 @@ def group_reasons(refusals: Iterable[tuple[str, str]], shown_nodes: int = 3) -> 
     return [Reason(text, tuple(names[:shown_nodes]), len(names)) for text, names in nodes.items()]
 
 
+@dataclass
+class _Pending:
+    """A decision as recorded: its refusals are grouped when the page first reads it, not
+    on the request's path (a placement over 10,000 nodes may refuse thousands)."""
+
+    at: float
+    call: str
+    subject: str
+    outcome: str
+    allowed: bool
+    refusals: Sequence[tuple[str, str]]
+    grouped: Record | None = None
+
+    def record(self) -> Record:
+        if self.grouped is None:
+            reasons = group_reasons(self.refusals)
+            self.grouped = Record(
+                at=self.at,
+                call=self.call,
+                subject=self.subject,
+                outcome=self.outcome,
+                allowed=self.allowed,
+                reasons=tuple(reasons[:REASONS_KEPT]),
+                more_reasons=max(len(reasons) - REASONS_KEPT, 0),
+            )
+            self.refusals = ()
+        return self.grouped
+
+
 class DecisionLog:
     """A thread-safe ring of the last `capacity` decisions, newest first when read."""
 
     def __init__(self, capacity: int = CAPACITY, clock: Callable[[], float] = time.time) -> None:
-        self._records: deque[Record] = deque(maxlen=capacity)
+        self._records: deque[_Pending] = deque(maxlen=capacity)
         self._lock = threading.Lock()
         self._clock = clock
 
@@ -66,19 +96,14 @@ class DecisionLog:
         allowed: bool,
         refusals: Iterable[tuple[str, str]] = (),
     ) -> None:
-        reasons = group_reasons(refusals)
-        entry = Record(
-            at=self._clock(),
-            call=call,
-            subject=subject,
-            outcome=outcome,
-            allowed=allowed,
-            reasons=tuple(reasons[:REASONS_KEPT]),
-            more_reasons=max(len(reasons) - REASONS_KEPT, 0),
-        )
+        """Keep a decision; `refusals`, (node, reason) pairs, are kept as given when they are
+        a sequence (the caller does not change it after), grouped when first read."""
+        kept = refusals if isinstance(refusals, Sequence) else tuple(refusals)
+        entry = _Pending(self._clock(), call, subject, outcome, allowed, kept)
         with self._lock:
             self._records.append(entry)
 
     def recent(self) -> list[Record]:
         with self._lock:
-            return list(reversed(self._records))
+            pending = list(reversed(self._records))
+        return [entry.record() for entry in pending]

@@ -18,12 +18,15 @@ from dataclasses import dataclass
 from decider.config import Staleness
 from decider.facility import DomainRef, Facility
 from decider.models import Replica, ReservationRequest
-from decider.placement import Verdict, judge, missing
+from decider.placement import Verdict, answers, judge, missing
 from decider.placement.view import View
 from decider.snapshot import INVENTORY_PARTS, Snapshot
 from decider.store import Hold, Proposal, Reservation, Store
 
 log = logging.getLogger(__name__)
+
+#: Refreshes between two full garbage collections (State.set_snapshot).
+FULL_COLLECTION_EVERY = 20
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class State:
         self._ttl = reservation_ttl
         self._staleness = staleness
         self._snapshot = Snapshot()
+        self._refreshes = 0
         self._reservations = {r.id: r for r in store.reservations()}
         self._holds = store.holds()
         self._view = self._build()
@@ -78,10 +82,13 @@ class State:
             self.store.set_proposals(changed)
 
     def _build(
-        self, changed: tuple[Reservation, ...] = (), held: tuple[DomainRef, ...] = ()
+        self,
+        changed: tuple[Reservation, ...] = (),
+        held: tuple[DomainRef, ...] = (),
+        start: View | None = None,
     ) -> View:
         """A new view of the current state; after a write (`changed` reservations, `held`
-        domains) it starts from the current view's figures (View.settle)."""
+        domains) it starts from the current view's figures (View.settle), or `start`'s."""
         now = self._clock()
         fresh, missing = self._snapshot.fresh_parts(
             now, self._staleness.readings, self._staleness.inventory
@@ -102,10 +109,22 @@ class State:
             reservations=self._reservations,
             holds=self._holds,
         )
-        previous = getattr(self, "_view", None)
+        previous = start or getattr(self, "_view", None)
         if previous is not None and (changed or held):
             view.settle(previous, changed, held)
         return view
+
+    def _since(self, view: View) -> tuple[tuple[Reservation, ...], tuple[DomainRef, ...]]:
+        """The reservations and holds that changed since `view` was built (under the lock)."""
+        now, then = self._reservations, view.reservations
+        changed = tuple(r for key, r in now.items() if then.get(key) is not r)
+        changed += tuple(r for key, r in then.items() if key not in now)
+        held = tuple(
+            ref
+            for ref in {*self._holds, *view.holds}
+            if self._holds.get(ref) is not view.holds.get(ref)
+        )
+        return changed, held
 
     # --- changes from outside -----------------------------------------------------------------
 
@@ -119,6 +138,8 @@ class State:
         # latency of a 10,000-candidate placement (docs/benchmarks.md).
         for node in snapshot.membership:
             view.node(node)
+        # And the placement answers' entries for the replica shapes asked about lately.
+        answers.warm(view, self._view)
         with self._lock:
             current = self._view
             unchanged = (
@@ -126,13 +147,21 @@ class State:
                 and current.holds is view.holds
                 and current.facility is view.facility
             )
-            if self._snapshot is snapshot and current.snapshot is not snapshot:
-                # Swap in the warmed view unless a write came in meanwhile.
-                self._view = view if unchanged else self._build()
-        # What was frozen last time is looked at again (unfreeze, collect), so garbage in
-        # cycles cannot pile up in the permanent generation between refreshes.
-        gc.unfreeze()
-        gc.collect()
+            if self._snapshot is snapshot and not unchanged:
+                # Writes came in meanwhile (their views read this snapshot from scratch): a
+                # view with them that starts from the warmed view's figures. A refresh of a
+                # 10,000-node site takes about a second; a busy scheduler reserves in it.
+                self._view = self._build(*self._since(view), start=view)
+            elif self._snapshot is snapshot and current.snapshot is not snapshot:
+                self._view = view  # the warmed view
+        # What was frozen is looked at again (unfreeze, collect) every FULL_COLLECTION_EVERY
+        # refreshes, so garbage in cycles cannot pile up in the permanent generation. Not
+        # at every refresh: a full collection holds the GIL for a 10,000-node site's 0.1 s,
+        # and a View's garbage needs none (decider.placement.answers keeps it acyclic).
+        self._refreshes += 1
+        if (self._refreshes - 1) % FULL_COLLECTION_EVERY == 0:  # the first, and so on
+            gc.unfreeze()
+            gc.collect()
         gc.freeze()
 
     def set_facility(

@@ -300,6 +300,17 @@ class View:
                         if not counts[key]:
                             del counts[key]
             mine["replicas_by_model"] = counts
+        if "_spread" in cache:  # per model, as replicas_by_model above
+            # list(): a placement may be adding a model to it on another thread meanwhile.
+            spread = {model: dict(counts) for model, counts in list(cache["_spread"].items())}
+            for reservation, sign in [(r, 1) for r in added] + [(r, -1) for r in removed]:
+                counts = spread.get(reservation.model)
+                for ref in previous.reservation_domains(reservation) if counts is not None else ():
+                    if ref.kind in FINE_KINDS:
+                        counts[ref] = counts.get(ref, 0) + sign
+                        if not counts[ref]:
+                            del counts[ref]
+            mine["_spread"] = spread
         if "phase_reserved" in cache:
             from decider.placement import phases
 
@@ -312,6 +323,10 @@ class View:
         if "_phases" in cache:
             pdus = {ref.name for ref in touched if ref.kind == "pdu"}
             mine["_phases"] = {k: v for k, v in cache["_phases"].items() if k[0] not in pdus}
+        # Placement answers (decider.placement.answers): entries that still hold carry over.
+        from decider.placement import answers
+
+        mine[answers.LINEAGE] = answers.lineage(previous)
         for name in ("members", "gaps", "site_gpu_limit_watts", "phased_pdus"):
             if name in cache:
                 mine[name] = cache[name]

@@ -1,0 +1,512 @@
+"""`POST /v1/placements`'s answer, encoded once per node per View and replica shape.
+
+A node's verdict depends on the View and the replica alone; only its place in the
+candidate list (the `scheduler_order` score) and which other nodes are asked about change
+from one request to the next. So the first request that asks about a node on a View works
+out its verdict with `decide`'s own rules (`judge` and the ordering keys) and encodes its
+answer entry with `Decision.as_json` and pydantic-core's `to_json`, as an uncached answer
+would; later requests on the same View with the same replica join the stored bytes. The
+bytes are those of `to_json(decide(view, replica, candidates).as_json())`, byte for byte
+(tests/test_placement_answers.py holds them to it across reservations, holds and
+refreshes).
+
+A View is rebuilt on every reservation, hold and refresh. A View made after a reservation
+or a hold (`View.settle`) takes over the entries of an earlier View's shape (the View
+before, or up to CARRY_DEPTH shapes back when the View before was asked about fewer nodes
+or not at all) for the nodes whose verdict cannot have changed: the same node state
+(settle keeps those of the racks and PDUs the change did not touch), and each of the
+node's row, room and site that was replaced since has the same refusals and binds the
+node neither before nor after (its room is above the node's least room; a node past its
+room also names it alike). After a refresh `warm` works out, on the refresher's thread
+and before the View is swapped in, the entries of the replica shapes asked about lately.
+
+A shape holds its View weakly (the View holds its shapes), so a View's garbage has no
+cycles and goes when the last reference does.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, overload
+
+from pydantic_core import to_json
+
+from decider.models import Replica
+from decider.placement import (
+    Decision,
+    Verdict,
+    condition,
+    judge,
+    missing,
+    power_cap,
+    rack_room,
+    spread,
+)
+from decider.placement.estimate import Estimate, estimate
+from decider.placement.view import FINE_KINDS
+
+if TYPE_CHECKING:
+    from decider.placement.view import DomainState, NodeState, View
+
+#: Replica shapes cached per View; past it the oldest shape is dropped.
+SHAPES_KEPT = 16
+#: Summaries kept per shape (by the counts they say).
+SUMMARIES_KEPT = 256
+#: Replica shapes a refresh works out again for the new View (the most recently asked).
+SHAPES_WARMED = 4
+#: Bits of a rank: the candidate's index (at most PlacementRequest's 100,000 candidates),
+#: then the spread count, then the rack room's score, then the condition's.
+_INDEX_BITS = 17
+_INDEX_MASK = (1 << _INDEX_BITS) - 1
+_FIELD_BITS = 21
+_FIELD_LIMIT = 1 << _FIELD_BITS
+_PLACEHOLDER = b'"scheduler_order":0'
+#: Where a View keeps its shapes (its __dict__, as View.settle keeps its figures), and where
+#: settle puts those of the View it started from.
+CACHE = "_placement_answers"
+LINEAGE = "_placement_answers_before"
+#: Shapes of earlier Views an entry may be carried over from (the View before may have
+#: been asked about fewer nodes, or not at all), and how many changes a shape nobody asks
+#: about again is kept for.
+CARRY_DEPTH = 8
+LINEAGE_STEPS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One node's part of the answer for one replica shape on one View."""
+
+    verdict: Verdict
+    #: (condition, rack_room, spread): the ordering keys before the scheduler's order;
+    #: None: refused.
+    prefix: tuple[float, ...] | None
+    #: The node's JSON object; for an allowed node up to its `scheduler_order` value, which
+    #: the request fills in, then `tail`.
+    head: bytes
+    tail: bytes
+    #: An allowed node's prefix as one integer, the candidate's index to be or-ed in: its
+    #: order is the prefix's (Shape.packed says whether every prefix fitted); None: refused.
+    rank: int | None
+    rules: tuple[str, ...]  # the rules that refuse it, each once
+    #: What the entry was worked out from, to tell whether a later View may take it over:
+    #: the node's state and its least room, its row's, room's and site's included (their
+    #: states: Shape.coarse).
+    node: NodeState
+    room: float | None
+    past: bool  # past its least room: it names every domain past its limit
+    #: It says something in `missing`: unknown membership or an estimate's gap.
+    noted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Moved:
+    """A coarse tuple of the previous View's entries, in this View: `after`, the states
+    now (None: some state's refusals changed, or it is gone: no entry carries over); `floor`,
+    the least room among the states replaced, before and after (an entry carries over only
+    if its own least room is below it: they bind it neither before nor after)."""
+
+    before: tuple[DomainState, ...]
+    after: tuple[DomainState, ...] | None
+    floor: float | None
+    changed: bool
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the endpoint needs of a placement: the encoded body and figures to record."""
+
+    mode: str
+    order: list[str]
+    body: bytes
+    summary: str
+    judged: int
+    refused: int
+    refusals_by_rule: Counter[str]
+    #: (node, reason) of every refusal, for the status page's recent decisions.
+    refusals: Sequence[tuple[str, str]]
+
+
+class Refusals(Sequence[tuple[str, str]]):
+    """(node, reason) of every refusal of an answer, listed when first read: the status
+    page's ring keeps them, and reads few of the answers it keeps."""
+
+    def __init__(self, refused: list[Entry]) -> None:
+        self._refused = refused
+        self._listed: list[tuple[str, str]] | None = None
+
+    def _all(self) -> list[tuple[str, str]]:
+        if self._listed is None:
+            self._listed = [
+                (found.verdict.node.node, reason)
+                for found in self._refused
+                for _, reason in found.verdict.refusals
+            ]
+        return self._listed
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[str, str]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[str, str]]: ...
+    def __getitem__(self, index: int | slice) -> tuple[str, str] | list[tuple[str, str]]:
+        return self._all()[index]
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == other if isinstance(other, Sequence) else NotImplemented
+
+
+class Shape:
+    """The entries of one replica shape on one View, worked out on first use."""
+
+    def __init__(self, view: View, replica: Replica) -> None:
+        # Weakly: the View holds its shapes, and a cycle would leave every View to the
+        # cyclic garbage collector. The shape after this one holds this View (previous_view).
+        self._view = weakref.ref(view)
+        self.replica = replica
+        self.site_limit = view.site_gpu_limit_watts
+        self.observe = view.mode == "observe"
+        self.entries: dict[str, Entry] = {}
+        #: Per node, the states of its row, room and site its entry holds for this View
+        #: (shared by the nodes that have the same ones); None: never carried over.
+        self.coarse: dict[str, tuple[DomainState, ...] | None] = {}
+        self.noted = False  # some entry says something in `missing`
+        self.packed = True  # every allowed entry's rank holds its prefix
+        self._estimates: dict[tuple[float | None, int | None], Estimate] = {}
+        self._summaries: dict[tuple[Any, ...], str] = {}
+        self._interned: dict[tuple[int, ...], tuple[DomainState, ...]] = {}
+        #: Per earlier shape (by id): the rows, rooms and sites this View replaced, and
+        #: what this View makes of each of its coarse tuples (by id).
+        self._memo: dict[int, tuple[dict[int, DomainState | None], dict[int, _Moved]]] = {}
+        #: The same shape on the View this one settled from (or an earlier one), whose
+        #: `previous` is older still, at most CARRY_DEPTH of them.
+        self.previous: Shape | None = None
+        self.previous_view: View | None = None  # previous's View, kept alive for it
+
+    @property
+    def view(self) -> View:
+        view = self._view()
+        assert view is not None, "a shape is used only while its View is"
+        return view
+
+    def entry(self, name: str) -> Entry:
+        found = self.entries.get(name)
+        if found is None:
+            self.fill([name])
+            found = self.entries[name]
+        return found
+
+    def fill(self, names: list[str]) -> None:
+        """Entries for these nodes, those it has not yet: carried over from an earlier
+        View's shape where nothing they were worked out from has changed, else worked out.
+
+        Carried over when: the same node state, and each of its row, room and site that
+        changes since replaced has the same refusals and binds neither before nor after
+        (its room is above the node's least room). One loop for them all: this runs for
+        every node after each reservation."""
+        view = self.view
+        entries, coarse = self.entries, self.coarse
+        nodes = view.__dict__.get("_nodes", {})  # View.node's cache, read without a call
+        # Per earlier shape that has entries: its entries and coarse tuples, and (worked out
+        # when first needed) the rows, rooms and sites changed since its View.
+        levels: list[list[Any]] = []
+        earlier = self.previous
+        for _ in range(CARRY_DEPTH):
+            if earlier is None:
+                break
+            if earlier.entries:
+                levels.append([earlier, earlier.entries, earlier.coarse, None])
+            earlier = earlier.previous
+        for name in names:
+            if name in entries:
+                continue
+            found = None
+            for level in levels:
+                old = level[1].get(name)
+                if old is None:
+                    continue
+                node = nodes.get(name) or view.node(name)
+                states = level[2].get(name)
+                if node is not old.node or states is None:
+                    break
+                memo = level[3]
+                if memo is None:
+                    memo = level[3] = self._memo_for(level[0])
+                moved = memo[1].get(id(states))
+                if moved is None or moved.before is not states:
+                    moved = memo[1][id(states)] = self._move(memo[0], states)
+                floor, room = moved.floor, old.room
+                if moved.after is None or (floor is not None and (room is None or floor <= room)):
+                    break
+                if old.past and moved.changed and not self._names_alike(old, states, moved.after):
+                    break
+                coarse[name] = moved.after
+                found = old
+                break
+            if found is None:
+                found = self._work_out(name)
+            entries[name] = found  # atomic under the GIL: a race computes the same
+            if found.noted:
+                self.noted = True
+
+    def _memo_for(self, earlier: Shape) -> tuple[dict[int, DomainState | None], dict[int, _Moved]]:
+        """The rows, rooms and sites changed since `earlier`'s View, and what this View
+        makes of its coarse tuples (filled in as they come)."""
+        memo = self._memo.get(id(earlier))
+        if memo is None:
+            memo = self._memo[id(earlier)] = (_swapped(earlier.view, self.view), {})
+        return memo
+
+    def _names_alike(
+        self, old: Entry, before: tuple[DomainState, ...], after: tuple[DomainState, ...]
+    ) -> bool:
+        """Whether a node past its room names its row, room and site alike before and after:
+        it names every domain past its limit, with their figures."""
+        watts = old.verdict.estimate.watts
+        margin = self.view.facility.defaults.margin
+        return all(
+            power_cap.refuse(state, watts, margin) == power_cap.refuse(now, watts, margin)
+            for state, now in zip(before, after, strict=True)
+        )
+
+    def _move(
+        self, swapped: dict[int, DomainState | None], states: tuple[DomainState, ...]
+    ) -> _Moved:
+        """What this View makes of a coarse tuple of an earlier View's entries."""
+        after = []
+        floor: float | None = None
+        changed = False
+        for state in states:
+            if id(state) not in swapped:
+                after.append(state)
+                continue
+            now = swapped[id(state)]
+            if now is None or now.refusals != state.refusals:
+                return _Moved(states, None, None, True)
+            changed = True
+            for room in (state.room, now.room):
+                if room is not None and (floor is None or room < floor):
+                    floor = room
+            after.append(now)
+        return _Moved(states, self._intern(tuple(after)), floor, changed)
+
+    def summary(
+        self,
+        judged: int,
+        refused: list[Entry],
+        tally: Counter[str],
+        order: list[str],
+        notes: list[str],
+    ) -> str:
+        """Decision.summary, which depends on the counts alone: worked out once per counts."""
+        key = (judged, len(refused), tuple(tally.items()))
+        found = self._summaries.get(key)
+        if found is None:
+            allowed = [] if len(refused) == judged else [self.allowed_one(refused)]
+            verdicts = [e.verdict for e in refused] + allowed * (judged - len(refused))
+            found = Decision(self.view.mode, verdicts, order, notes, tally).summary()
+            if len(self._summaries) >= SUMMARIES_KEPT:
+                self._summaries.clear()
+            self._summaries[key] = found
+        return found
+
+    def allowed_one(self, refused: list[Entry]) -> Verdict:
+        """Any verdict of a node not refused, to stand for them all in the summary's count."""
+        return next(e.verdict for e in self.entries.values() if not e.verdict.refusals)
+
+    def _intern(self, states: tuple[DomainState, ...]) -> tuple[DomainState, ...]:
+        return self._interned.setdefault(tuple(map(id, states)), states)
+
+    def _work_out(self, name: str) -> Entry:
+        view, replica = self.view, self.replica
+        node = view.node(name)
+        kind = (node.gpu_limit_watts, node.gpus)
+        guess = self._estimates.get(kind)
+        if guess is None:
+            guess = self._estimates[kind] = estimate(replica, node, view.facility, self.site_limit)
+        verdict = judge(view, replica, node, self.site_limit, guess)
+        prefix = None
+        if not verdict.refusals:  # decide's ordering keys, the scheduler's order left open
+            prefix = (
+                condition.score(node),
+                rack_room.score(node, guess.watts),
+                spread.score(node, replica.model, view),
+            )
+            verdict.key = (*prefix, 0)
+        alone = Decision(view.mode, [verdict], [], []).as_json()["nodes"][0]
+        encoded = b"," + to_json(alone)  # the comma before it; place drops the first one
+        head, tail = encoded, b""
+        if prefix is not None:
+            before, placeholder, tail = encoded.rpartition(_PLACEHOLDER)
+            assert placeholder, "an allowed node's entry ends with its scheduler_order"
+            head = before + b'"scheduler_order":'
+        verdict.key = ()
+        rank = None if prefix is None else _rank(prefix)
+        if rank is None and prefix is not None:
+            self.packed, rank = False, 0
+        coarse: tuple[DomainState, ...] | None = ()
+        room = node.room
+        for ref in node.coarse:  # as judge reads them
+            state = view.domains.get(ref)
+            if state is None:
+                coarse = None
+                state = view.domain(ref)
+            elif coarse is not None:
+                coarse += (state,)
+            if state.room is not None and (room is None or state.room < room):
+                room = state.room
+        self.coarse[name] = None if coarse is None else self._intern(coarse)
+        return Entry(
+            verdict=verdict,
+            prefix=prefix,
+            head=head,
+            tail=tail,
+            rank=rank,
+            rules=tuple(dict.fromkeys(rule for rule, _ in verdict.refusals)),
+            past=verdict.headroom_watts is not None and verdict.headroom_watts < 0,
+            node=node,
+            room=room,
+            noted=bool(guess.gaps) or (not node.domains and not node.coarse),
+        )
+
+
+def shape(view: View, replica: Replica) -> Shape:
+    """The View's cache for this replica shape, made on first use."""
+    shapes: dict[Replica, Shape] = view.__dict__.setdefault(CACHE, {})
+    found = shapes.get(replica)
+    if found is None:
+        found = Shape(view, replica)
+        earlier = view.__dict__.get(LINEAGE, {}).get(replica)
+        if earlier is not None:
+            found.previous, found.previous_view, _ = earlier
+            last = found
+            for _ in range(CARRY_DEPTH):  # no longer a chain of old Views than that
+                if last.previous is None:
+                    break
+                last = last.previous
+            last.previous = last.previous_view = None
+        while len(shapes) >= SHAPES_KEPT:
+            shapes.pop(next(iter(shapes)), None)
+        shapes[replica] = found
+    return found
+
+
+def lineage(before: View) -> dict[Replica, tuple[Shape, View, int]]:
+    """For View.settle: per replica shape, the latest Shape of it on the View before or an
+    earlier one, its View, and how many changes ago. Taken out of the View before, so that
+    no chain of Views builds up."""
+    storage = before.__dict__
+    found = {
+        replica: (earlier, view, steps + 1)
+        for replica, (earlier, view, steps) in storage.pop(LINEAGE, {}).items()
+        if steps < LINEAGE_STEPS
+    }
+    # A copy first (one C call, whole under the GIL): a placement on `before` may be adding
+    # a shape on the event loop's thread while a reservation settles on another.
+    for replica, mine in list(storage.get(CACHE, {}).items()):
+        found[replica] = (mine, before, 0)
+    return found
+
+
+def warm(view: View, before: View) -> None:
+    """Work out on `view` (a refresh's, before it is swapped in) the entries of every node
+    for the replica shapes `before` was last asked about, at most SHAPES_WARMED of them,
+    so that the first placement after a refresh costs what any other does."""
+    recent = list(reversed(before.__dict__.get(CACHE, {})))
+    earlier = sorted(before.__dict__.get(LINEAGE, {}).items(), key=lambda item: item[1][2])
+    recent += [replica for replica, _ in earlier if replica not in recent]
+    nodes = view.snapshot.membership if "membership" in view.fresh else {}
+    for replica in recent[:SHAPES_WARMED]:
+        shape(view, replica).fill(list(nodes))
+
+
+def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
+    """`decide(view, replica, candidates)`, answered from and into the View's cache."""
+    cached = shape(view, replica)
+    get = cached.entries.get
+    entries: list[Entry] = []
+    parts: list[bytes] = [b""]  # [0]: the answer up to its nodes, filled in below
+    append = parts.append
+    refused: list[Entry] = []
+    keys: list[int] = []  # the allowed: rank | index, decide's order as one integer each
+    for index, name in enumerate(candidates):
+        found = get(name)
+        if found is None:  # this one and every later one the shape has not yet, at once
+            cached.fill(candidates[index:])
+            found = get(name)
+        entries.append(found)
+        append(found.head)
+        if found.rank is None:
+            refused.append(found)
+        else:
+            append(b"%d" % index)
+            append(found.tail)
+            keys.append(found.rank | index)
+    if view.mode == "observe":
+        order = list(candidates)
+    elif cached.packed:
+        keys.sort()
+        order = [candidates[key & _INDEX_MASK] for key in keys]
+    else:  # some key too large to pack: decide's tuples, the scheduler's order last
+        allowed = [(found.prefix, index) for index, found in enumerate(entries) if found.prefix]
+        allowed.sort()
+        order = [candidates[index] for _, index in allowed]
+    tally = Counter(rule for found in refused for rule in found.rules)
+    notes = missing(view, [found.verdict for found in entries] if cached.noted else [])
+    summary = cached.summary(len(entries), refused, tally, order, notes)
+    frame = to_json(
+        {"mode": view.mode, "order": order, "nodes": [], "missing": notes, "summary": summary}
+    )
+    before, nodes, after = frame.partition(b'"nodes":[]')
+    assert nodes, "the answer has its nodes"
+    parts[0] = before + b'"nodes":['
+    if len(parts) > 1:  # a node's head starts with a comma, but for the first node's
+        parts[1] = parts[1][1:]
+    append(b"]" + after)
+    body = b"".join(parts)
+    return Answer(
+        mode=view.mode,
+        order=order,
+        body=body,
+        summary=summary,
+        judged=len(entries),
+        refused=len(refused),
+        refusals_by_rule=tally,
+        refusals=Refusals(refused),
+    )
+
+
+def _swapped(before: View, after: View) -> dict[int, DomainState | None]:
+    """The rows, rooms and sites whose state `after` replaced (few: a change touches the
+    changed node's), by the id of `before`'s state (kept alive by `before`)."""
+    if "domains" not in before.__dict__:
+        return {}
+    now = after.domains
+    found = {}
+    for ref, state in before.domains.items():
+        if ref.kind not in FINE_KINDS:
+            current = now.get(ref)
+            if current is not state:
+                found[id(state)] = current
+    return found
+
+
+def _rank(prefix: tuple[float, ...]) -> int | None:
+    """(condition, rack_room, spread) as one integer ordered as the tuples are, with room
+    below for the candidate's index; None where a score is not a small enough integer."""
+    worse, room, spread_count = prefix
+    if not all(type(score) is int for score in prefix):
+        return None
+    if not (0 <= worse <= 1 and -_FIELD_LIMIT < room <= 0 and 0 <= spread_count < _FIELD_LIMIT):
+        return None
+    packed = (int(worse) << _FIELD_BITS | int(room) + _FIELD_LIMIT - 1) << _FIELD_BITS | int(
+        spread_count
+    )
+    return packed << _INDEX_BITS

@@ -1,0 +1,378 @@
+"""The cached placement answer (decider/placement/answers.py) against a fresh `decide`.
+
+Whatever the View went through (reservations made, confirmed, released and expired, holds
+put on and taken off racks, rows and the site, refreshes with other readings, a reload of
+the facility file), `answers.place` must give the bytes of
+`to_json(decide(view, replica, candidates).as_json())`, and the same order, summary and
+refusal counts, for any candidates in any order, whether its entries were worked out on
+this View, carried over from the View before, or both.
+
+The site: row/1 of racks r1 and r2, budgeted tight enough to bind before its racks do,
+row/2 of r3, r4 and r5 with no budget, a room and a site with caps; rack r3 hot, r4 over its
+cap, r5 warm;
+one three-phase pdu (r1-a); a node without a GPU limit, one without a GPU count, one whose
+membership is unknown.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic_core import to_json
+
+from decider.models import Replica
+from decider.placement import answers, decide
+from decider.placement.view import View
+from tests.test_placement import NOW, Site, make_facility, make_snapshot, replica
+
+RACKS = {"r1": "1", "r2": "1", "r3": "2", "r4": "2", "r5": "2"}
+NODES = {f"{rack}-{n}": rack for rack in RACKS for n in range(1, 4)}
+MEMBERSHIP = {
+    node: [f"rack/{rack}", f"pdu/{rack}-a", f"row/{RACKS[rack]}", "room/a", "site/s"]
+    for node, rack in NODES.items()
+}
+CANDIDATES = [*NODES, "ghost"]  # ghost: no membership
+DOMAINS: dict[str, Any] = {
+    "rack/r1": {"cap_watts": 20_000, "other_watts": 500},
+    "rack/r2": {"cap_watts": 20_000},
+    "rack/r3": {"cap_watts": 20_000},
+    "rack/r4": {"cap_watts": 5_000},
+    "rack/r5": {"cap_watts": 20_000},
+    "pdu/r1-a": {
+        "cap_watts": 18_000,
+        "phases": {
+            "L1": {"rating_watts": 6_000},
+            "L2": {"rating_watts": 6_000},
+            "L3": {"rating_watts": 6_000},
+        },
+    },
+    "pdu/r3-a": {"cap_watts": 15_000},
+    "row/1": {"cap_watts": 15_000},  # binds before racks r1 and r2 do
+    "room/a": {"cap_watts": 60_000},
+    "site/s": {"cap_watts": 70_000},
+}
+PHASE_NODES = {"r1-1": {"phases": {"r1-a": "L1"}}, "r1-2": {"phases": {"r1-a": "L2"}}}
+SHAPES = [
+    replica(2),
+    replica(4, model="mistral"),
+    replica(1, power_watts=2_500.0),
+    replica(8, model="mistral", profile="big"),
+]
+
+
+def readings(scale: float = 1.0, **watts: float) -> Any:
+    """The site's readings, measured power scaled; `watts`: domains' measured power instead
+    (rack_r1=…)."""
+    measured = {
+        "rack/r1": 6_000.0 * scale,
+        "rack/r2": 4_000.0 * scale,
+        "rack/r3": 9_000.0 * scale,
+        "rack/r4": 6_000.0,  # over its cap whatever the scale
+        "rack/r5": 3_000.0 * scale,
+        "pdu/r1-a": 5_000.0 * scale,
+        "row/1": 10_000.0 * scale,
+        "room/a": 25_000.0 * scale,
+        "site/s": 25_000.0 * scale,
+    } | {key.replace("_", "/", 1): value for key, value in watts.items()}
+    conditions = {f"rack/{rack}": "ok" for rack in RACKS} | {"rack/r3": "hot", "rack/r5": "warm"}
+    limits = {node: 700.0 for node in NODES if node != "r3-2"}  # r3-2: limit unknown
+    gpus = {node: 8 for node in NODES if node != "r4-1"}  # r4-1: GPU count unknown
+    return make_snapshot(
+        MEMBERSHIP,
+        measured=measured,
+        conditions=conditions,
+        ages=dict.fromkeys(conditions, 5.0),
+        gpus=gpus,
+        limits=limits,
+    )
+
+
+def facility(mode: str = "enforce", **more: Any) -> Any:
+    return make_facility(
+        DOMAINS,
+        mode=mode,
+        nodes=PHASE_NODES,
+        node_share_watts=400,
+        profiles={"big": {"gpus": 8, "power_watts": 6_000}},
+        **more,
+    )
+
+
+def assert_as_decide(view: View, rep: Replica, candidates: list[str]) -> answers.Answer:
+    """The cached answer is the fresh one, in every part the endpoint uses: `decide`'s on
+    this View, and on a View of the same state that works out every figure anew (this View
+    may have taken its figures over from the View before, View.settle)."""
+    decision = decide(view, rep, candidates)
+    got = answers.place(view, rep, candidates)
+    assert got.body == to_json(decision.as_json())
+    anew = dataclasses.replace(view)
+    assert got.body == to_json(decide(anew, rep, candidates).as_json())
+    assert got.order == decision.order
+    assert got.summary == decision.summary()
+    assert got.refusals_by_rule == decision.refusals_by_rule
+    assert got.judged == len(decision.verdicts)
+    assert got.refused == sum(1 for verdict in decision.verdicts if verdict.refusals)
+    assert got.refusals == [
+        (verdict.node.node, reason)
+        for verdict in decision.verdicts
+        for _, reason in verdict.refusals
+    ]
+    return got
+
+
+def new_site(path: Path, mode: str = "enforce") -> Site:
+    return Site(path / "decider.db", facility(mode), readings(), (), {})
+
+
+# --- the answers themselves ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["enforce", "observe"])
+def test_the_cached_answer_is_decides_on_a_first_and_a_second_request(
+    tmp_path: Path, mode: str
+) -> None:
+    site = new_site(tmp_path, mode)
+    view = site.view()
+    for rep in SHAPES:
+        first = assert_as_decide(view, rep, CANDIDATES)
+        again = assert_as_decide(view, rep, list(reversed(CANDIDATES)))
+        assert again.body != first.body  # the scheduler's order is the request's
+        assert_as_decide(view, rep, CANDIDATES[3:9])
+        assert_as_decide(view, rep, [])
+    # The site gives every part of the answer work: refusals, gaps, unknown membership.
+    answer = answers.place(view, SHAPES[0], CANDIDATES)
+    assert {"hot", "over_cap"} <= set(answer.refusals_by_rule)
+    assert any(
+        "membership unknown for node ghost" in note
+        for note in decide(view, SHAPES[0], CANDIDATES).missing
+    )
+
+
+def test_entries_carry_over_a_reservation_only_where_nothing_they_read_changed(
+    tmp_path: Path,
+) -> None:
+    site = new_site(tmp_path)
+    rep = SHAPES[0]
+    before = site.view()
+    assert_as_decide(before, rep, CANDIDATES)
+    old = answers.shape(before, rep).entries
+    outcome = site.reserve("r5-1", rep)  # rack r5, row 2 (no budget), room, site
+    assert outcome.reservation is not None
+    after = site.view()
+    assert after is not before
+    assert_as_decide(after, rep, CANDIDATES)
+    new = answers.shape(after, rep).entries
+    # Rack r5's nodes are worked out again (their rack's load changed); racks r1's and r2's
+    # nodes sit in row/1, whose room binds them and did not change, and keep their entries.
+    assert all(new[node] is not old[node] for node in ("r5-1", "r5-2", "r5-3"))
+    assert all(new[node] is old[node] for node in ("r1-1", "r1-2", "r1-3", "r2-1"))
+
+
+def test_a_row_that_binds_after_a_reservation_is_seen_by_every_node_of_it(
+    tmp_path: Path,
+) -> None:
+    site = new_site(tmp_path)
+    rep = replica(4)  # 4 × 700 + 200 = 3,000 W
+    first = assert_as_decide(site.view(), rep, CANDIDATES)
+    assert "r2-1" in first.order
+    # row/1: limit 13,500 W, measured 10,000, so 3,500 of room binds its nodes (rack r2 has
+    # 14,000). Its load is the larger of reserved and measured: three reservations in r2
+    # leave it at 10,000, the fourth makes it 12,000 and its nodes are refused for the row.
+    for node in ("r2-1", "r2-2", "r2-3", "r2-1"):
+        assert site.reserve(node, rep).reservation is not None
+        assert_as_decide(site.view(), rep, CANDIDATES)
+    answer = assert_as_decide(site.view(), rep, CANDIDATES)
+    assert "r2-1" not in answer.order
+    assert any(node == "r1-3" and "row 1" in reason for node, reason in answer.refusals)
+
+
+def test_a_node_past_its_room_names_a_row_that_passed_its_limit_since(tmp_path: Path) -> None:
+    # Rack r1: limit 18,000 W, load 17,000 + 500 other: 500 W of room, below row/1's 3,500
+    # (limit 13,500, measured 10,000). A 3,000 W replica is refused on r1's nodes for the
+    # rack alone, until the fourth reservation in r2 takes row/1's load to 12,000 W
+    # (reserved, above measured): the row is past its limit too and named, with its figures,
+    # though its room (1,500) still does not bind r1's nodes.
+    site = Site(tmp_path / "decider.db", facility(), readings(rack_r1=17_000.0), (), {})
+    rep = replica(4)
+    assert_as_decide(site.view(), rep, CANDIDATES)
+    for node in ("r2-1", "r2-2", "r2-3", "r2-1"):
+        assert site.reserve(node, rep).reservation is not None
+        assert_as_decide(site.view(), rep, CANDIDATES)
+    refusals = assert_as_decide(site.view(), rep, CANDIDATES).refusals
+    assert any(node == "r1-3" and reason.startswith("row 1: 12") for node, reason in refusals)
+
+
+def test_holds_releases_refreshes_and_reloads(tmp_path: Path) -> None:
+    site = new_site(tmp_path)
+    state = site.state
+    from decider.facility import DomainRef
+
+    steps = [
+        lambda: state.hold(DomainRef("rack", "r1"), "maintenance"),
+        lambda: state.hold(DomainRef("row", "2"), "cooling work"),
+        lambda: state.release_hold(DomainRef("rack", "r1")),
+        lambda: state.hold(DomainRef("site", "s"), "drill"),
+        lambda: state.release_hold(DomainRef("site", "s")),
+        lambda: state.set_snapshot(readings(1.3)),
+        lambda: state.release_hold(DomainRef("row", "2")),
+        lambda: state.set_facility(facility("observe"), 300.0, state._staleness),
+        lambda: state.set_facility(facility(), 300.0, state._staleness),
+    ]
+    for step in steps:
+        for rep in SHAPES[:2]:
+            assert_as_decide(site.view(), rep, CANDIDATES)
+        step()
+        for rep in SHAPES[:2]:
+            assert_as_decide(site.view(), rep, CANDIDATES)
+
+
+def test_a_rack_room_too_large_to_pack_orders_as_decide_does(tmp_path: Path) -> None:
+    huge = {**DOMAINS, "rack/r5": {"cap_watts": 1e12}}
+    big = make_facility(huge, nodes=PHASE_NODES, node_share_watts=400)
+    site = Site(tmp_path / "decider.db", big, readings(), (), {})
+    rep = replica(1, power_watts=1.0)  # rack r5: room for ~9e11 more of them
+    view = site.view()
+    assert_as_decide(view, rep, CANDIDATES)
+    assert not answers.shape(view, rep).packed
+
+
+# --- whatever happens to the View ------------------------------------------------------------
+
+NODE = st.sampled_from(list(NODES))
+DOMAIN = st.sampled_from(["rack/r1", "rack/r3", "pdu/r1-a", "row/1", "row/2", "site/s"])
+STEP = st.one_of(
+    st.tuples(st.just("reserve"), NODE, st.integers(0, len(SHAPES) - 1)),
+    st.tuples(st.just("release"), st.integers(0, 20)),
+    st.tuples(st.just("confirm"), st.integers(0, 20)),
+    st.tuples(st.just("hold"), DOMAIN),
+    st.tuples(st.just("release_hold"), DOMAIN),
+    st.tuples(st.just("refresh"), st.floats(0.2, 1.6)),
+    st.tuples(st.just("expire")),
+    st.tuples(st.just("ask"), st.integers(0, len(SHAPES) - 1), st.permutations(CANDIDATES)),
+)
+
+
+def apply(site: Site, step: tuple[Any, ...]) -> None:
+    from decider.facility import DomainRef
+
+    state = site.state
+    kind = step[0]
+    ids = [r.id for r in state.reservations()]
+    if kind == "reserve":
+        site.reserve(step[1], SHAPES[step[2]])
+    elif kind == "release" and ids:
+        state.release(ids[step[1] % len(ids)])
+    elif kind == "confirm" and ids:
+        state.confirm(ids[step[1] % len(ids)])
+    elif kind in ("hold", "release_hold"):
+        domain = DomainRef.parse(step[1])
+        state.hold(domain, "test") if kind == "hold" else state.release_hold(domain)
+    elif kind == "refresh":
+        state.set_snapshot(readings(step[1]))
+    elif kind == "expire":
+        site.now = NOW + 301  # past the TTL: the unconfirmed go
+        state.expire()
+        site.now = NOW
+    elif kind == "ask":
+        assert_as_decide(site.view(), SHAPES[step[1]], step[2][: len(step[2]) // 2 + 1])
+
+
+ASKED = st.sampled_from(["nothing", "a few", "every node"])
+
+
+@given(
+    steps=st.lists(st.tuples(STEP, ASKED), min_size=1, max_size=30),
+    mode=st.sampled_from(["enforce", "observe"]),
+)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_whatever_the_view_went_through_the_answer_is_decides(
+    steps: list[tuple[tuple[Any, ...], str]], mode: str
+) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        site = new_site(Path(directory), mode)
+        try:
+            assert_as_decide(site.view(), SHAPES[0], CANDIDATES)
+            for step, asked in steps:
+                apply(site, step)
+                # Asked about every node, a few or none after a change: entries come from
+                # the View before, or one further back.
+                if asked == "every node":
+                    assert_as_decide(site.view(), SHAPES[0], CANDIDATES)
+                elif asked == "a few":
+                    assert_as_decide(site.view(), SHAPES[0], CANDIDATES[-4:])
+            assert_as_decide(site.view(), SHAPES[0], list(reversed(CANDIDATES)))
+            assert_as_decide(site.view(), SHAPES[1], CANDIDATES)
+        finally:
+            site.store.close()
+
+
+def test_a_refresh_works_out_the_shapes_asked_about_before_it(tmp_path: Path) -> None:
+    site = new_site(tmp_path)
+    assert_as_decide(site.view(), SHAPES[1], CANDIDATES[:2])
+    before = site.view()
+    site.state.set_snapshot(readings(0.8))
+    after = site.view()
+    assert after is not before
+    warmed = answers.shape(after, SHAPES[1]).entries
+    assert set(warmed) == set(NODES)  # every member; "ghost" has no membership to warm
+    assert SHAPES[0] not in after.__dict__[answers.CACHE]  # never asked about
+    assert_as_decide(after, SHAPES[1], CANDIDATES)
+    assert answers.shape(after, SHAPES[1]).entries["r1-1"] is warmed["r1-1"]
+
+
+def test_a_view_is_freed_without_the_garbage_collector_once_no_later_one_needs_it(
+    tmp_path: Path,
+) -> None:
+    site = new_site(tmp_path)
+    rep = SHAPES[0]
+    assert_as_decide(site.view(), rep, CANDIDATES)
+    first = weakref.ref(site.view())
+    gc.disable()
+    try:
+        for number in range(answers.CARRY_DEPTH + 2):
+            site.reserve(f"r1-{1 + number % 3}", rep)
+            site.state.release(f"res-{site.ids}")
+            answers.place(site.view(), rep, CANDIDATES)
+        assert first() is None
+    finally:
+        gc.enable()
+
+
+def test_writes_during_a_refresh_are_in_the_view_swapped_in_which_keeps_its_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from decider.facility import DomainRef
+
+    site = new_site(tmp_path)
+    assert_as_decide(site.view(), SHAPES[0], CANDIDATES)
+    warm = answers.warm
+    warmed: list[View] = []
+
+    def warm_then_write(view: View, before: View) -> None:  # as a scheduler would, meanwhile
+        warm(view, before)
+        warmed.append(view)
+        assert site.reserve("r5-1", SHAPES[0]).reservation is not None
+        site.state.hold(DomainRef("rack", "r2"), "cooling")
+
+    monkeypatch.setattr(answers, "warm", warm_then_write)
+    snapshot = readings(0.9)
+    site.state.set_snapshot(snapshot)
+    view = site.view()
+    assert view.snapshot is snapshot and view is not warmed[0]
+    assert f"res-{site.ids}" in view.reservations
+    assert DomainRef("rack", "r2") in view.holds
+    assert_as_decide(view, SHAPES[0], CANDIDATES)
+    # Rack r1's nodes keep what the refresh worked out (row/1 binds them, and neither
+    # write changed it); those of the held rack and the reserved one are worked out again.
+    kept = answers.shape(warmed[0], SHAPES[0]).entries
+    now = answers.shape(view, SHAPES[0]).entries
+    assert all(now[node] is kept[node] for node in ("r1-1", "r1-2", "r1-3"))
+    assert all(now[node] is not kept[node] for node in ("r2-1", "r2-2", "r5-1"))
