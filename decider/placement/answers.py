@@ -26,6 +26,7 @@ cycles and goes when the last reference does.
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -46,7 +47,6 @@ from decider.placement import (
     spread,
 )
 from decider.placement.estimate import Estimate, estimate
-from decider.placement.view import FINE_KINDS
 
 if TYPE_CHECKING:
     from decider.placement.view import DomainState, NodeState, View
@@ -189,6 +189,20 @@ class Shape:
         #: `previous` is older still, at most CARRY_DEPTH of them.
         self.previous: Shape | None = None
         self.previous_view: View | None = None  # previous's View, kept alive for it
+        #: The entries by coarse tuple (by id), for the next View's take_over, and the nodes
+        #: whose entries were set since and are in no group yet (in the order set).
+        #: For the next View's take_over: the nodes whose entries were set since the last
+        #: `tally` (in the order set), and what it counted: how many entries, the largest
+        #: least room among them (an upper bound; inf: some has none), the nodes past their
+        #: least room by their estimate's watts (a superset), and the nodes whose row, room
+        #: or site was not among the View's domains (their entries never carry over).
+        self._untallied: list[str] = []
+        self._tallied = 0
+        self._top_room = -math.inf
+        self._past: dict[float, set[str]] = {}
+        self._unlisted: set[str] = set()
+        #: Per (watts, id(state before), id(state after)): whether power_cap names both alike.
+        self._refusal_memo: dict[tuple[float, int, int], bool] = {}
 
     @property
     def view(self) -> View:
@@ -253,8 +267,94 @@ class Shape:
             if found is None:
                 found = self._work_out(name)
             entries[name] = found  # atomic under the GIL: a race computes the same
+            self._untallied.append(name)
             if found.noted:
                 self.noted = True
+
+    def tally(self) -> bool:
+        """Count the entries set since the last call (see `_untallied`); False when an
+        entry is being set on another thread meanwhile, so the counts may miss one."""
+        untallied = self._untallied[:]  # before the entries: fill sets an entry, then this
+        count = len(self.entries)
+        entries, coarse, past = self.entries, self.coarse, self._past
+        top = self._top_room
+        for name in untallied:
+            found = entries[name]
+            room = math.inf if found.room is None else found.room
+            if room > top:
+                top = room
+            if found.past:
+                past.setdefault(found.verdict.estimate.watts, set()).add(name)
+            if coarse.get(name) is None:
+                self._unlisted.add(name)
+        self._top_room = top
+        del self._untallied[: len(untallied)]
+        self._tallied += len(untallied)
+        return self._tallied == count
+
+    def take_over(self, earlier: Shape, redone: set[str]) -> None:
+        """Start from every entry of `earlier` (a shape of an earlier View of the same basis;
+        `redone`: the nodes whose state changed since), each of which holds for its View,
+        and drop those `fill`'s rule would not carry over: a node whose state changed; per
+        row, room and site whose state changed since, its nodes if its refusals changed,
+        else those whose least room is not below its room before or after, and those past
+        their least room that would name it otherwise. Done per changed domain, not per
+        node: a change replaces a few (the node's row, room and site). What is dropped
+        `fill` works out when asked."""
+        before, view = earlier.view, self.view
+        if not earlier.tally() or "domains" not in before.__dict__:
+            return
+        entries = dict(earlier.entries)
+        for name in redone | earlier._unlisted:
+            entries.pop(name, None)
+        top = earlier._top_room
+        past = {watts: set(names) for watts, names in earlier._past.items()}
+        then, now = before.domains, view.domains
+        members = view.members
+        for ref in before.coarse_refs:
+            old, new = then[ref], now.get(ref)
+            if new is old:
+                continue
+            nodes = members.get(ref, ())
+            if new is None or new.refusals != old.refusals:
+                for name in nodes:
+                    entries.pop(name, None)
+                continue
+            rooms = [room for room in (old.room, new.room) if room is not None]
+            if rooms and top >= (floor := min(rooms)):  # some node may be bound by it
+                for name in nodes:
+                    found = entries.get(name)
+                    if found is not None and (found.room is None or found.room >= floor):
+                        del entries[name]
+            for watts, names in past.items():
+                if not self._alike(watts, (old,), (new,)):
+                    for name in [n for n in names if ref in (view.membership(n) or ())]:
+                        entries.pop(name, None)
+        self.entries = entries
+        self._tallied = len(entries)
+        self._top_room, self._past = top, past
+        self.noted = earlier.noted  # at most more than needed: `missing` then finds nothing
+        self.packed = earlier.packed
+        self._estimates = dict(earlier._estimates)
+        # `coarse` stays empty for these: their tuples are of earlier Views, so `fill` does
+        # not carry them further; the next View's take_over does.
+
+    def _alike(
+        self, watts: float, before: tuple[DomainState, ...], after: tuple[DomainState, ...]
+    ) -> bool:
+        margin = self.view.facility.defaults.margin
+        memo = self._refusal_memo
+        for state, now in zip(before, after, strict=True):
+            if state is now:
+                continue
+            key = (watts, id(state), id(now))  # both kept alive by the tuples' holders
+            same = memo.get(key)
+            if same is None:
+                refused = power_cap.refuse(state, watts, margin)
+                same = memo[key] = refused == power_cap.refuse(now, watts, margin)
+            if not same:
+                return False
+        return True
 
     def _memo_for(self, earlier: Shape) -> tuple[dict[int, DomainState | None], dict[int, _Moved]]:
         """The rows, rooms and sites changed since `earlier`'s View, and what this View
@@ -269,12 +369,7 @@ class Shape:
     ) -> bool:
         """Whether a node past its room names its row, room and site alike before and after:
         it names every domain past its limit, with their figures."""
-        watts = old.verdict.estimate.watts
-        margin = self.view.facility.defaults.margin
-        return all(
-            power_cap.refuse(state, watts, margin) == power_cap.refuse(now, watts, margin)
-            for state, now in zip(before, after, strict=True)
-        )
+        return self._alike(old.verdict.estimate.watts, before, after)
 
     def _move(
         self, swapped: dict[int, DomainState | None], states: tuple[DomainState, ...]
@@ -385,7 +480,9 @@ def shape(view: View, replica: Replica) -> Shape:
         found = Shape(view, replica)
         earlier = view.__dict__.get(LINEAGE, {}).get(replica)
         if earlier is not None:
-            found.previous, found.previous_view, _ = earlier
+            found.previous, found.previous_view, _, redone = earlier
+            if redone is not None and found.previous.entries:
+                found.take_over(found.previous, redone)
             last = found
             for _ in range(CARRY_DEPTH):  # no longer a chain of old Views than that
                 if last.previous is None:
@@ -398,20 +495,23 @@ def shape(view: View, replica: Replica) -> Shape:
     return found
 
 
-def lineage(before: View) -> dict[Replica, tuple[Shape, View, int]]:
+def lineage(
+    before: View, redone: set[str] | None = None
+) -> dict[Replica, tuple[Shape, View, int, set[str] | None]]:
     """For View.settle: per replica shape, the latest Shape of it on the View before or an
-    earlier one, its View, and how many changes ago. Taken out of the View before, so that
+    earlier one, its View, how many changes ago, and the nodes whose state changed since
+    (`redone`: those of this change; None: unknown). Taken out of the View before, so that
     no chain of Views builds up."""
     storage = before.__dict__
     found = {
-        replica: (earlier, view, steps + 1)
-        for replica, (earlier, view, steps) in storage.pop(LINEAGE, {}).items()
+        replica: (earlier, view, steps + 1, _union(seen, redone))
+        for replica, (earlier, view, steps, seen) in storage.pop(LINEAGE, {}).items()
         if steps < LINEAGE_STEPS
     }
     # A copy first (one C call, whole under the GIL): a placement on `before` may be adding
     # a shape on the event loop's thread while a reservation settles on another.
     for replica, mine in list(storage.get(CACHE, {}).items()):
-        found[replica] = (mine, before, 0)
+        found[replica] = (mine, before, 0, None if redone is None else set(redone))
     return found
 
 
@@ -424,7 +524,9 @@ def warm(view: View, before: View) -> None:
     recent += [replica for replica, _ in earlier if replica not in recent]
     nodes = view.snapshot.membership if "membership" in view.fresh else {}
     for replica in recent[:SHAPES_WARMED]:
-        shape(view, replica).fill(list(nodes))
+        warmed = shape(view, replica)
+        warmed.fill(list(nodes))
+        warmed.tally()  # for the next View's take_over, here rather than in a placement
 
 
 def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
@@ -483,18 +585,21 @@ def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
     )
 
 
+def _union(seen: set[str] | None, redone: set[str] | None) -> set[str] | None:
+    return None if seen is None or redone is None else seen | redone
+
+
 def _swapped(before: View, after: View) -> dict[int, DomainState | None]:
     """The rows, rooms and sites whose state `after` replaced (few: a change touches the
     changed node's), by the id of `before`'s state (kept alive by `before`)."""
     if "domains" not in before.__dict__:
         return {}
-    now = after.domains
+    then, now = before.domains, after.domains
     found = {}
-    for ref, state in before.domains.items():
-        if ref.kind not in FINE_KINDS:
-            current = now.get(ref)
-            if current is not state:
-                found[id(state)] = current
+    for ref in before.coarse_refs:
+        state, current = then[ref], now.get(ref)
+        if current is not state:
+            found[id(state)] = current
     return found
 
 

@@ -185,6 +185,12 @@ class View:
     def domains(self) -> dict[DomainRef, DomainState]:
         return {ref: self._domain_state(ref) for ref in self.domain_refs}
 
+    @cached_property
+    def coarse_refs(self) -> tuple[DomainRef, ...]:
+        """The rows, rooms and sites among `domains` (decider.placement.answers compares
+        them between Views)."""
+        return tuple(ref for ref in self.domains if ref.kind not in FINE_KINDS)
+
     def domain(self, ref: DomainRef) -> DomainState:
         state = self.domains.get(ref)
         return state if state is not None else self._domain_state(ref)
@@ -323,23 +329,24 @@ class View:
         if "_phases" in cache:
             pdus = {ref.name for ref in touched if ref.kind == "pdu"}
             mine["_phases"] = {k: v for k, v in cache["_phases"].items() if k[0] not in pdus}
-        # Placement answers (decider.placement.answers): entries that still hold carry over.
-        from decider.placement import answers
-
-        mine[answers.LINEAGE] = answers.lineage(previous)
         for name in ("members", "gaps", "site_gpu_limit_watts", "phased_pdus"):
             if name in cache:
                 mine[name] = cache[name]
         if "domain_refs" in cache:
             mine["domain_refs"] = cache["domain_refs"] | touched
+        if "domains" in cache:  # worked out once, then carried along every settle
+            known = previous.coarse_refs
+            added = tuple(r for r in touched if r.kind not in FINE_KINDS and r not in known)
+            mine["coarse_refs"] = known + added
         if "domains" in cache:
             domains = dict(cache["domains"])
             for ref in touched:
                 domains[ref] = self._domain_state(ref)
             mine["domains"] = domains
+        redone: set[str] | None = None  # the nodes worked out anew; None: unknown, every one
         if "_nodes" in cache and "domains" in mine:
             members = self.members
-            stale = set(nodes)
+            stale = redone = set(nodes)
             if held and "membership" not in self.fresh:  # holds by last known domains
                 stale.update(cache["_nodes"])
             for ref in touched:
@@ -348,6 +355,10 @@ class View:
             mine["_nodes"] = {
                 name: state for name, state in cache["_nodes"].items() if name not in stale
             }
+        # Placement answers (decider.placement.answers): entries that still hold carry over.
+        from decider.placement import answers
+
+        mine[answers.LINEAGE] = answers.lineage(previous, redone)
 
     def node(self, name: str) -> NodeState:
         """The node's state, worked out once per view (a dict write is atomic under the GIL:
