@@ -579,10 +579,11 @@ def toggle_reservation(client: Client, node: str, made: bool) -> bool:
 
 
 def prometheus_asked(port: int) -> int:
-    """How many membership queries the fake Prometheus has answered: one per refresh."""
+    """How many measured-power queries the fake Prometheus has answered: one per refresh
+    (the inventory parts, membership among them, are read less often)."""
     with contextlib.closing(http.client.HTTPConnection("127.0.0.1", port, timeout=10)) as conn:
         conn.request("GET", "/stats")
-        return int(json.loads(conn.getresponse().read()).get("membership", 0))
+        return int(json.loads(conn.getresponse().read()).get("measured", 0))
 
 
 def measure(

@@ -15,6 +15,12 @@ series (docs/rules.md) every `refresh_interval` and replaces the shared `Snapsho
   why. A bad series label (a kind that is not a domain kind, a missing label) drops that
   series and is noted in the part's error, the rest is used; a bad value (not a finite
   number) or a malformed answer fails the part, since the whole answer is then suspect.
+- **Inventory less often.** The inventory parts (`snapshot.INVENTORY_PARTS`: layout and
+  hardware, which change rarely; membership alone is 60,000 series at 10,000 nodes) are
+  read again once their last read is `staleness.readings / 2` old (a minute with the
+  defaults), at every refresh after a failed attempt, and at once after a reload;
+  `refresh_now` reads every part. The snapshot's age, the oldest part's, so stays below
+  the readings' own limit, and a node added is seen within about a minute.
 - **Never raises.** Whatever the server answers, `refresh` returns a Snapshot.
 """
 
@@ -494,8 +500,10 @@ def refresh(
     cancel: threading.Event | None = None,
     inventory_window_seconds: float | None = None,
     hot_lookback_seconds: float = HOT_LOOKBACK_S,
+    keep: frozenset[str] = frozenset(),
 ) -> Snapshot:
-    """A new Snapshot: each part read anew, or, where its query failed, kept from `previous`.
+    """A new Snapshot: each part read anew, or, where its query failed, kept from `previous`;
+    the parts in `keep` are not queried: their data, read time and note are `previous`'s.
 
     Returns within about the reader's budget (one query's timeout × attempts), or soon after
     `cancel` is set. Never raises. `domains` is the inventory and every member's domain;
@@ -504,14 +512,18 @@ def refresh(
     """
     try:
         texts = queries(window_seconds, inventory_window_seconds, hot_lookback_seconds)
-        outcomes = _run_all(reader, texts, cancel)
+        outcomes = _run_all(reader, {p: t for p, t in texts.items() if p not in keep}, cancel)
     except Exception as exc:  # e.g. no thread could be started: keep everything as it was
         message = _one_line(f"refresh failed before any query: {type(exc).__name__}: {exc}")
-        outcomes = {part: QueryError(message) for part in PARTS}
+        outcomes = {part: QueryError(message) for part in PARTS if part not in keep}
 
     data: dict[str, Any] = {}
     parts: dict[str, Part] = {}
     for part in PARTS:
+        if part in keep:
+            data[part] = _previous_data(previous, part)
+            parts[part] = previous.parts.get(part, Part())
+            continue
         outcome = outcomes[part]
         if isinstance(outcome, QueryError):
             data[part] = _previous_data(previous, part)
@@ -521,8 +533,8 @@ def refresh(
             data[part], note = outcome
             parts[part] = Part(read_at=now, error=note)
             if part == "profiles":
-                keep = inventory_window_seconds or window_seconds
-                data[part] = _merge_profiles(data[part], previous.profiles, now, keep)
+                remember = inventory_window_seconds or window_seconds
+                data[part] = _merge_profiles(data[part], previous.profiles, now, remember)
 
     membership: Mapping[str, tuple[DomainRef, ...]] = data["membership"]
     members = {domain for domains in membership.values() for domain in domains}
@@ -574,6 +586,10 @@ class Refresher:
         self._thread: threading.Thread | None = None
         self._next_due = 0.0  # time.monotonic() of the next background refresh
         self._was_up: bool | None = None
+        #: Inventory parts whose last attempt failed, and whether the next background
+        #: refresh reads every part (after a reload): see `_kept`.
+        self._failed: frozenset[str] = frozenset()
+        self._read_all = True
 
     @property
     def settings(self) -> DeciderConfig:
@@ -604,8 +620,30 @@ class Refresher:
                 log.warning("the Prometheus refresher did not stop within %gs", timeout)
 
     def refresh_now(self) -> Snapshot:
-        """Refresh synchronously (at reload, in tests) and return the new snapshot."""
-        return self._refresh(cancel=None)
+        """Refresh synchronously (at reload, in tests), every part, and return the new
+        snapshot."""
+        return self._refresh(cancel=None, every_part=True)
+
+    @property
+    def inventory_every_seconds(self) -> float:
+        """How old an inventory part's last read may be before a background refresh reads
+        it again: half the readings' staleness limit, so the snapshot (its oldest part)
+        stays younger than the readings may be."""
+        return self.window_seconds / 2
+
+    def _kept(self, now: float) -> frozenset[str]:
+        """The inventory parts this background refresh does not query: read without a
+        failure since, less than `inventory_every_seconds` ago."""
+        if self._read_all:
+            return frozenset()
+        parts = self.snapshot.parts
+        return frozenset(
+            name
+            for name in INVENTORY_PARTS
+            if name not in self._failed
+            and (read_at := parts.get(name, Part()).read_at) is not None
+            and now - read_at < self.inventory_every_seconds
+        )
 
     def reconfigure(self, settings: DeciderConfig) -> None:
         """Use a reloaded config: a new reader if the Prometheus settings changed, and the
@@ -621,6 +659,7 @@ class Refresher:
                 self._was_up = None  # a new Prometheus: log its state afresh
                 self._next_due = 0.0  # read it at once
             self._next_due = min(self._next_due, time.monotonic() + settings.refresh_interval)
+            self._read_all = True  # windows or the server may have changed: every part anew
         self._wake.set()
 
     def _run(self) -> None:
@@ -632,20 +671,24 @@ class Refresher:
                 continue
             self._refresh(cancel=self._stopping)
 
-    def _refresh(self, cancel: threading.Event | None) -> Snapshot:
+    def _refresh(self, cancel: threading.Event | None, every_part: bool = False) -> Snapshot:
         with self._refreshing:
             with self._configuring:
                 self._next_due = time.monotonic() + self._settings.refresh_interval
                 reader = self._reader
+                read_all, self._read_all = self._read_all, False
+            now = self._clock()
+            keep = frozenset() if every_part or read_all else self._kept(now)
             try:
                 snapshot = refresh(
                     self.snapshot,
                     reader,
                     self.window_seconds,
-                    self._clock(),
+                    now,
                     cancel=cancel,
                     inventory_window_seconds=self.inventory_window_seconds,
                     hot_lookback_seconds=self.hot_lookback_seconds,
+                    keep=keep,
                 )
             finally:
                 with self._configuring:
@@ -656,6 +699,9 @@ class Refresher:
                 return self.snapshot  # stopping: a cancelled refresh is not news
             if reader is not self._reader:
                 return self.snapshot  # read from the Prometheus of the config before a reload
+            self._failed = frozenset(
+                name for name in INVENTORY_PARTS - keep if snapshot.parts[name].read_at != now
+            )
             self.snapshot = snapshot
             self._log_change(snapshot)
             if self.on_refresh is not None:

@@ -806,3 +806,56 @@ def test_an_instant_query_would_have_served_the_stale_sample(engine: Server):
         timeout=5,
     ).json()
     assert [item["value"][1] for item in answer["data"]["result"]] == ["2"], answer
+
+
+# --- the inventory parts' cadence ------------------------------------------------------------
+
+
+def test_background_refreshes_read_the_inventory_parts_every_half_readings_limit(fake):
+    """Membership, inventory, GPU counts and limits change rarely (and membership is the
+    largest answer by far): a background refresh reads them again once their last read is
+    staleness.readings / 2 old, at once after a failed attempt, and after a reconfigure;
+    refresh_now reads every part. Read times stay each part's own."""
+    clock = [T0]
+    fake.answer(good_answers())
+    refresher = Refresher(
+        settings(fake.url, interval=15), window_seconds=120.0, clock=lambda: clock[0]
+    )
+    assert refresher.inventory_every_seconds == 60.0
+
+    def background(at: float) -> Snapshot:
+        clock[0] = at
+        return refresher._refresh(cancel=None)
+
+    def read_at(snapshot: Snapshot) -> dict[str, float | None]:
+        return {name: part.read_at for name, part in snapshot.parts.items()}
+
+    readings = set(PARTS) - INVENTORY_PARTS
+    first = background(T0)  # the first reads every part
+    assert set(read_at(first).values()) == {T0}
+    kept = background(T0 + 45)
+    assert {name for name, at in read_at(kept).items() if at == T0} == INVENTORY_PARTS
+    assert all(read_at(kept)[name] == T0 + 45 for name in readings)
+    assert kept.membership == first.membership and kept.prometheus_up
+    assert kept.age_seconds(T0 + 45) == 45  # the oldest part, truthfully
+    assert set(read_at(background(T0 + 60)).values()) == {T0 + 60}  # 60 s old: read again
+
+    # A failed read of an inventory part is tried again at the next refresh, not a minute on.
+    broken = good_answers()
+    broken[SERIES["membership"]] = Reply(status=500, body=b"boom")
+    fake.answer(broken)
+    failed = background(T0 + 120)
+    assert failed.parts["membership"].read_at == T0 + 60
+    assert "HTTP error" in (failed.parts["membership"].error or "")
+    assert failed.parts["gpus"].read_at == T0 + 120
+    fake.answer(good_answers())
+    again = background(T0 + 135)
+    assert again.parts["membership"].read_at == T0 + 135
+    assert "HTTP error" not in (again.parts["membership"].error or "")  # the note alone
+    assert again.parts["gpus"].read_at == T0 + 120  # read 15 s ago: kept
+
+    # A reconfigure (a reload) reads every part at the next refresh; so does refresh_now.
+    refresher.reconfigure(settings(fake.url, interval=15))
+    assert set(read_at(background(T0 + 150)).values()) == {T0 + 150}
+    clock[0] = T0 + 165
+    assert set(read_at(refresher.refresh_now()).values()) == {T0 + 165}
