@@ -11,14 +11,17 @@ bytes are those of `to_json(decide(view, replica, candidates).as_json())`, byte 
 refreshes).
 
 A View is rebuilt on every reservation, hold and refresh. A View made after a reservation
-or a hold (`View.settle`) takes over the entries of an earlier View's shape (the View
-before, or up to CARRY_DEPTH shapes back when the View before was asked about fewer nodes
-or not at all) for the nodes whose verdict cannot have changed: the same node state
-(settle keeps those of the racks and PDUs the change did not touch), and each of the
-node's row, room and site that was replaced since has the same refusals and binds the
-node neither before nor after (its room is above the node's least room; a node past its
-room also names it alike). After a refresh `warm` works out, on the refresher's thread
-and before the View is swapped in, the entries of the replica shapes asked about lately.
+or a hold (`View.settle`) takes over the entries of an earlier View's shape for the nodes
+whose verdict cannot have changed: the same node state (settle keeps those of the racks
+and PDUs the change did not touch), and each of the node's row, room and site that was
+replaced since has the same refusals and binds the node neither before nor after (its room
+is above the node's least room; a node past its room also names it alike). When the shape
+is made (`Shape.take_over`) this is done in bulk: a copy of the earlier shape's entries,
+less the nodes the change redid and, per row, room and site replaced (a change replaces a
+few), the nodes it may bind or name otherwise. What that leaves out `fill` carries over
+node by node from the View before (or up to CARRY_DEPTH shapes back) where it can, or
+works out. After a refresh `warm` works out, on the refresher's thread and before the
+View is swapped in, the entries of the replica shapes asked about lately.
 
 A shape holds its View weakly (the View holds its shapes), so a View's garbage has no
 cycles and goes when the last reference does.
