@@ -18,7 +18,8 @@ series (docs/rules.md) every `refresh_interval` and replaces the shared `Snapsho
 - **Inventory less often.** The inventory parts (`snapshot.INVENTORY_PARTS`: layout and
   hardware, which change rarely; membership alone is 60,000 series at 10,000 nodes) are
   read again once their last read is `staleness.readings / 2` old (a minute with the
-  defaults), at every refresh after a failed attempt, and at once after a reload;
+  defaults), at every refresh after a failed attempt or an empty answer, and at the next
+  refresh after a reload;
   `refresh_now` reads every part. The snapshot's age, the oldest part's, so stays below
   the readings' own limit, and a node added is seen within about a minute.
 - **Never raises.** Whatever the server answers, `refresh` returns a Snapshot.
@@ -633,16 +634,18 @@ class Refresher:
 
     def _kept(self, now: float) -> frozenset[str]:
         """The inventory parts this background refresh does not query: read without a
-        failure since, less than `inventory_every_seconds` ago."""
+        failure since, less than `inventory_every_seconds` ago, and not empty (a decider
+        started before the rules' first evaluation reads nothing yet: no site to keep)."""
         if self._read_all:
             return frozenset()
-        parts = self.snapshot.parts
+        snapshot = self.snapshot
         return frozenset(
             name
             for name in INVENTORY_PARTS
             if name not in self._failed
-            and (read_at := parts.get(name, Part()).read_at) is not None
+            and (read_at := snapshot.parts.get(name, Part()).read_at) is not None
             and now - read_at < self.inventory_every_seconds
+            and _previous_data(snapshot, name)
         )
 
     def reconfigure(self, settings: DeciderConfig) -> None:

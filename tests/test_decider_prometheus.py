@@ -854,8 +854,17 @@ def test_background_refreshes_read_the_inventory_parts_every_half_readings_limit
     assert "HTTP error" not in (again.parts["membership"].error or "")  # the note alone
     assert again.parts["gpus"].read_at == T0 + 120  # read 15 s ago: kept
 
+    # An empty answer (the rules not evaluated yet) is read again at the next refresh.
+    empty = good_answers()
+    empty[SERIES["gpus"]] = vector()
+    fake.answer(empty)
+    assert background(T0 + 181).node_gpus == {}  # gpus last read at T0 + 120: read again
+    fake.answer(good_answers())
+    assert background(T0 + 196).parts["gpus"].read_at == T0 + 196
+    assert background(T0 + 211).parts["gpus"].read_at == T0 + 196  # not empty: kept
+
     # A reconfigure (a reload) reads every part at the next refresh; so does refresh_now.
     refresher.reconfigure(settings(fake.url, interval=15))
-    assert set(read_at(background(T0 + 150)).values()) == {T0 + 150}
-    clock[0] = T0 + 165
-    assert set(read_at(refresher.refresh_now()).values()) == {T0 + 165}
+    assert set(read_at(background(T0 + 226)).values()) == {T0 + 226}
+    clock[0] = T0 + 241
+    assert set(read_at(refresher.refresh_now()).values()) == {T0 + 241}
