@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic_core import to_json
 
+from decider.facility import DomainRef
 from decider.models import Replica
 from decider.placement import answers, decide
 from decider.placement.view import View
@@ -176,6 +177,29 @@ def test_entries_carry_over_a_reservation_only_where_nothing_they_read_changed(
     assert all(new[node] is old[node] for node in ("r1-1", "r1-2", "r1-3", "r2-1"))
 
 
+def test_a_view_after_a_reservation_takes_the_entries_over_in_bulk(tmp_path: Path) -> None:
+    # Made when the shape is first asked about (here with no candidates), before any
+    # candidate needs it: the earlier shape's entries less the reserved rack's nodes.
+    site = new_site(tmp_path)
+    rep = SHAPES[0]
+    before = site.view()
+    assert_as_decide(before, rep, CANDIDATES)
+    old = answers.shape(before, rep).entries
+    assert site.reserve("r5-1", rep).reservation is not None
+    after = site.view()
+    assert_as_decide(after, rep, [])
+    taken = answers.shape(after, rep).entries
+    assert {"r5-1", "r5-2", "r5-3"}.isdisjoint(taken)
+    assert taken and all(taken[node] is old[node] for node in taken)
+    assert_as_decide(after, rep, CANDIDATES)
+    # A hold on the row of racks r1 and r2 changes its refusals: its nodes are dropped.
+    site.state.hold(DomainRef("row", "1"), "test")
+    held = site.view()
+    assert_as_decide(held, rep, [])
+    assert {"r1-1", "r1-2", "r1-3", "r2-1"}.isdisjoint(answers.shape(held, rep).entries)
+    assert_as_decide(held, rep, CANDIDATES)
+
+
 def test_a_row_that_binds_after_a_reservation_is_seen_by_every_node_of_it(
     tmp_path: Path,
 ) -> None:
@@ -285,7 +309,7 @@ def apply(site: Site, step: tuple[Any, ...]) -> None:
         assert_as_decide(site.view(), SHAPES[step[1]], step[2][: len(step[2]) // 2 + 1])
 
 
-ASKED = st.sampled_from(["nothing", "a few", "every node"])
+ASKED = st.sampled_from(["nothing", "no candidates", "a few", "every node"])
 
 
 @given(
@@ -308,6 +332,8 @@ def test_whatever_the_view_went_through_the_answer_is_decides(
                     assert_as_decide(site.view(), SHAPES[0], CANDIDATES)
                 elif asked == "a few":
                     assert_as_decide(site.view(), SHAPES[0], CANDIDATES[-4:])
+                elif asked == "no candidates":  # the shape is made: it takes entries over
+                    assert_as_decide(site.view(), SHAPES[0], [])
             assert_as_decide(site.view(), SHAPES[0], list(reversed(CANDIDATES)))
             assert_as_decide(site.view(), SHAPES[1], CANDIDATES)
         finally:

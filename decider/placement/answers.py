@@ -339,6 +339,7 @@ class Shape:
         self.noted = earlier.noted  # at most more than needed: `missing` then finds nothing
         self.packed = earlier.packed
         self._estimates = dict(earlier._estimates)
+        self._summaries = dict(earlier._summaries)  # they depend on the counts and the mode
         # `coarse` stays empty for these: their tuples are of earlier Views, so `fill` does
         # not carry them further; the next View's take_over does.
 
