@@ -54,6 +54,7 @@ from tests.test_placement import (
     stored,
 )
 from tests.test_placement_properties import NO_GC
+from tests.test_placement_properties import scratch as from_scratch
 
 __all__ = ["make_site"]  # the fixture, used by name
 
@@ -219,18 +220,6 @@ def test_released_and_settled_phase_figures_match_a_view_from_scratch(make_site:
         "L2": 1_800,
         "L3": 900,
     }
-
-
-def from_scratch(view: View) -> View:
-    return View(
-        facility=view.facility,
-        snapshot=view.snapshot,
-        now=view.now,
-        fresh=view.fresh,
-        missing=view.missing,
-        reservations=view.reservations,
-        holds=view.holds,
-    )
 
 
 # --- headroom ---------------------------------------------------------------------------------
