@@ -14,7 +14,9 @@ sources:
 Read per unit: CPU time from `cpu.stat` `usage_usec`, memory from
 `memory.current`. GPUs from NVML: each physical GPU's compute processes (in MIG
 mode each MIG device's), each pid placed in a unit by the v2 line of
-`/proc/<pid>/cgroup` (the unit's directory or one below it). Node totals,
+`/proc/<pid>/cgroup` (the unit's directory or one below it). AMD GPUs the
+same way from amdkfd's process lists in sysfs (`amd_kfd.py`: identified by
+serial number, compute partitions as instances). Node totals,
 which the rules divide by: non-idle CPU seconds from `/proc/stat` (user, nice,
 system, irq, softirq: neither idle, iowait nor steal; guest time is already
 inside user and nice) and used memory from `/proc/meminfo` (MemTotal −
@@ -54,7 +56,9 @@ Missing-data policy (STYLE.md §3):
 - no NVML library → no GPU shares, quietly (CPU-only nodes); NVML failing, or
   one GPU's process list failing (other than "not supported") → that GPU's
   shares absent and the source reads down; a pid that exited, or that is in no
-  unit, is not counted.
+  unit, is not counted;
+- no amdkfd (`<sysfs>/class/kfd/kfd`): no AMD shares, quietly; AMD GPUs the
+  source cannot name: `amd_kfd.py`.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ import pynvml
 from pydantic import ValidationInfo, field_validator, model_validator
 
 from exporter.samples import PartialReading, Sample
+from exporter.sources.amd_kfd import KfdReader
 from exporter.sources.base import Source, SourceConfig
 from exporter.sources.gpu import _library_lock
 
@@ -107,6 +112,8 @@ class UnitsConfig(SourceConfig):
     procfs: str = "/proc"
     #: Path of libnvidia-ml.so.1; default: the dynamic loader's search.
     library: str | None = None
+    #: Read AMD GPUs' process lists from amdkfd's sysfs (`exporter/sources/amd_kfd.py`).
+    amd_kfd: bool = True
 
     @model_validator(mode="before")
     @classmethod
@@ -186,6 +193,7 @@ class UnitsSource(Source):
         self.nvml = nvml
         self.initialized = False
         self._nvml_absent = False
+        self.amd = KfdReader(sysfs) if self.config.amd_kfd else None
 
     # ------------------------------------------------------------------ poll
     def poll(self) -> list[Sample]:
@@ -257,13 +265,14 @@ class UnitsSource(Source):
     def _gpu_shares(self, units: dict[str, Unit], problems: list[str]) -> list[Sample]:
         if not units:
             return []
+        slots: list[_Slot] = []
         try:
             slots = self._slots(problems)
         except self.nvml.NVMLError as exc:
             if getattr(exc, "value", None) in _DRIVER_GONE:
                 self.close()
             problems.append(f"NVML: {exc}")
-            return []
+        slots += self._amd_slots(problems)
         by_cgroup = {unit.cgroup: unit.name for unit in units.values()}
         samples = []
         for slot in slots:
@@ -296,6 +305,12 @@ class UnitsSource(Source):
                     raise
                 problems.append(f"GPU {index}: {exc}")
         return slots
+
+    def _amd_slots(self, problems: list[str]) -> list[_Slot]:
+        """AMD GPUs and compute partitions from amdkfd (none without the amdgpu driver)."""
+        if self.amd is None:
+            return []
+        return [_Slot(s.uuid, s.gpu_instance, s.fraction, s.pids) for s in self.amd.slots(problems)]
 
     def _init(self) -> bool:
         with _library_lock:
