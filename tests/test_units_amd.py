@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import logging
 import shutil
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pynvml
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from exporter.samples import PartialReading, Sample
 from exporter.sources.units import UnitsConfig, UnitsSource
@@ -354,8 +357,11 @@ def test_a_gpu_id_with_no_topology_node_is_reported_and_the_rest_served(node: Pa
     assert shares(caught.value.samples) == {("1009248", SERIAL0, ""): 1.0}
 
 
-def test_unreadable_topology_leaves_its_gpu_out_naming_the_file(node: Path, monkeypatch):
-    """The device cgroup refuses a GPU's topology files to a reader it does not admit (EPERM)."""
+def test_unreadable_topology_gives_no_amd_share_naming_the_file(node: Path, monkeypatch):
+    """The device cgroup refuses a GPU's topology files to a reader it does not admit (EPERM).
+
+    The node might have been one of GPU0's partitions: GPU0's share cannot be trusted either.
+    """
     sysfs = node / "sys"
     gpu0, gpu1 = two_mi300x(sysfs)
     in_cgroup(node, BATCH, f"{JOBS}/job_1009248")
@@ -375,8 +381,11 @@ def test_unreadable_topology_leaves_its_gpu_out_naming_the_file(node: Path, monk
         poll(node)
     message = str(caught.value)
     assert f"{refused}: Operation not permitted" in message
-    assert f"KFD gpu_id {gpu1} (pids {TASK}) has no topology node" in message
-    assert shares(caught.value.samples) == {("1009248", SERIAL0, ""): 1.0}
+    assert "KFD topology not wholly readable: no AMD GPU shares this poll" in message
+    assert shares(caught.value.samples) == {}
+    assert len([s for s in caught.value.samples if s.metric == "llmgw_unit_info"]) == 3
+    monkeypatch.undo()
+    assert shares(poll(node)) == {("1009248", SERIAL0, ""): 1.0, ("1009249", SERIAL1, ""): 1.0}
 
 
 def test_garbled_process_file_is_reported(node: Path):
@@ -445,3 +454,55 @@ def test_a_card_without_serial_number_gets_no_share_and_a_warning(
     assert warnings == [
         "units: the AMD GPU at 0000:09:00.0 has no serial number: its units get no GPU share"
     ]
+
+
+# --- property: any partition mode, any placement -------------------------------------------------
+
+UNIT_PIDS = {"1009248": BATCH, "1009249": TASK, "1009250": OTHER}
+
+
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    partitions=st.sampled_from([1, 2, 4, 8]),  # SPX, DPX, QPX, CPX
+    placement=st.lists(st.integers(0, 7), min_size=3, max_size=3),
+    shuffled=st.permutations(range(8)),
+)
+def test_any_partition_mode_and_placement(
+    ceems: Path, partitions: int, placement: list[int], shuffled: list[int]
+):
+    """Each unit gets 1/n of the GPU over the units on its partition; gpu_instance is the partition.
+
+    KFD nodes are numbered in an arbitrary order (`shuffled`): the partition index comes from
+    location_id, not from the node's directory.
+    """
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        for unit in UNIT_PIDS:  # the three jobs' directories, only what the source reads
+            job = root / "sys/fs/cgroup" / JOBS / f"job_{unit}"
+            job.mkdir(parents=True)
+            shutil.copy(ceems / "sys/fs/cgroup" / JOBS / f"job_{unit}" / "cpu.stat", job)
+        (root / "proc").mkdir()
+        (root / "proc" / "stat").write_text("cpu  100 0 50 1000 0 0 0 0 0 0\n")
+        (root / "proc" / "meminfo").write_text("MemTotal: 1000 kB\nMemAvailable: 500 kB\n")
+        sysfs = root / "sys"
+        write_cpu_node(sysfs)
+        ids = [30000 + 17 * partition for partition in range(partitions)]
+        order = [p for p in shuffled if p < partitions]
+        for index, partition in enumerate(order, start=1):
+            write_gpu_node(
+                sysfs, index, ids[partition], GPU0, partition=partition, simds=SIMDS // partitions
+            )
+        write_card(sysfs, 0, GPU0, SERIAL0)
+        on = {unit: place % partitions for unit, place in zip(UNIT_PIDS, placement, strict=True)}
+        for unit, pid in UNIT_PIDS.items():
+            in_cgroup(root, pid, f"{JOBS}/job_{unit}")
+            vram = dict.fromkeys(ids, 0)
+            write_process(sysfs, pid, {**vram, ids[on[unit]]: 1 << 30}, {0: ids[on[unit]]})
+        got = shares(poll(root))
+    sharers = {p: sum(1 for q in on.values() if q == p) for p in on.values()}
+    instance = (lambda p: "") if partitions == 1 else str
+    assert got == pytest.approx(
+        {(unit, SERIAL0, instance(p)): 1 / partitions / sharers[p] for unit, p in on.items()}
+    )

@@ -35,9 +35,11 @@ a whole GPU, `gpu_instance=""`, fraction 1.
 Missing data (never a share on a GPU it could not name):
 - no `class/kfd/kfd` (no amdgpu driver): nothing, quietly;
 - a process that exits while it is read: skipped, quietly;
-- a file that cannot be read (device cgroup refusing the topology, a
-  permission) or cannot be parsed: that GPU (or that process) is left out
-  and the problem is reported (the source reads down);
+- a process file that cannot be read or parsed: that process is left out
+  and the problem is reported (the source reads down); a topology node that
+  cannot be (the device cgroup refusing a GPU's files to the reader: EPERM):
+  no AMD share at all that poll, reported, since a partition missing from its
+  GPU would change the others' fractions;
 - a process on a `gpu_id` no topology node has, a node with no amdgpu card at
   its PCI address, or a node whose `unique_id` disagrees with the card's: no
   share for it, reported;
@@ -114,7 +116,11 @@ class KfdReader:
         used = self._processes(problems)
         if not used:
             return []
-        nodes = self._topology(problems)
+        nodes, complete = self._topology(problems)
+        if not complete:
+            # A partition missing from its GPU would change the others' fractions and indices.
+            problems.append("KFD topology not wholly readable: no AMD GPU shares this poll")
+            return []
         by_gpu_id = {node.gpu_id: node for node in nodes}
         for gpu_id in sorted(set(used) - set(by_gpu_id)):
             pids = ", ".join(str(pid) for pid in sorted(used[gpu_id]))
@@ -171,26 +177,28 @@ class KfdReader:
         return gpus
 
     # -------------------------------------------------------------- topology
-    def _topology(self, problems: list[str]) -> list[KfdNode]:
+    def _topology(self, problems: list[str]) -> tuple[list[KfdNode], bool]:
+        """The GPU nodes, and whether every node could be read."""
         root = self.kfd / "topology" / "nodes"
         try:
             names = [path.name for path in root.iterdir() if path.name.isdigit()]
         except OSError as exc:
             problems.append(f"{root}: {exc.strerror}")
-            return []
+            return [], False
         nodes = []
+        complete = True
         for index in sorted(int(name) for name in names):
             directory = root / str(index)
             gpu_id = _read_int(directory / "gpu_id", problems)
-            if not gpu_id:  # a CPU node (0), or unreadable (reported)
+            if gpu_id == 0:  # a CPU node
                 continue
-            text = _read_text(directory / "properties", problems)
-            if text is None:
-                continue
-            props = _properties(text)
+            text = _read_text(directory / "properties", problems) if gpu_id else None
+            props = _properties(text or "")
             missing = [key for key in ("domain", "location_id", "simd_count") if key not in props]
-            if missing:
+            if text is not None and missing:
                 problems.append(f"{directory / 'properties'}: no {', '.join(missing)}")
+            if gpu_id is None or missing:
+                complete = False  # unreadable or gone mid-read: reported above, or a race
                 continue
             nodes.append(
                 KfdNode(
@@ -202,7 +210,7 @@ class KfdReader:
                     props.get("unique_id") or None,
                 )
             )
-        return nodes
+        return nodes, complete
 
     def _cards(self, problems: list[str]) -> dict[PciSlot, list[AmdCard]]:
         """The amdgpu PCI devices by PCI slot (partitions' own DRM cards are not PCI: skipped)."""
