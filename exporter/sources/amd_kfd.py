@@ -35,8 +35,8 @@ a whole GPU, `gpu_instance=""`, fraction 1.
 Missing data (never a share on a GPU it could not name):
 - no `class/kfd/kfd` (no amdgpu driver): nothing, quietly;
 - a process that exits while it is read: skipped, quietly;
-- a process file that cannot be read or parsed: that process is left out
-  and the problem is reported (the source reads down); a topology node that
+- a process file that cannot be read or parsed: that file is left out and
+  the problem is reported (the source reads down); a topology node that
   cannot be (the device cgroup refusing a GPU's files to the reader: EPERM):
   no AMD share at all that poll, reported, since a partition missing from its
   GPU would change the others' fractions;
