@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 
 debian-packages:
 	scripts/debian-packages.sh promtool=prometheus prometheus-alertmanager=prometheus-alertmanager vmalert=victoria-metrics gcc=gcc \
-		chromium=chromium
+		chromium=chromium openssl=openssl
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

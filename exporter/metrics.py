@@ -144,7 +144,7 @@ _SPECS = [
     MetricSpec(
         "llmgw_node_cpu_power_watts",
         "gauge",
-        "CPU package power, from RAPL energy over the last poll interval.",
+        "CPU package power: RAPL over the last poll interval, or Grace's CPU + SysIO rails.",
         ("package",),
     ),
     MetricSpec(
@@ -156,7 +156,7 @@ _SPECS = [
     MetricSpec(
         "llmgw_node_dram_power_watts",
         "gauge",
-        "DRAM power, from RAPL energy over the last poll interval.",
+        "DRAM power: RAPL over the last poll interval, or Grace's socket less CPU + SysIO.",
         ("package",),
     ),
     MetricSpec(

@@ -1,6 +1,7 @@
 """A small Redfish service on loopback, serving tests/fixtures/redfish/ like a BMC would.
 
-Real HTTP on 127.0.0.1 at a port picked at run time. It checks credentials
+Real HTTP on 127.0.0.1 at a port picked at run time (HTTPS when given a server
+`ssl.SSLContext`, the handshake done in each connection's own thread). It checks credentials
 (session or basic), forgets its sessions on `restart()` (as a BMC does when it
 reboots), can stop answering (`hang()`), and counts what it was asked.
 """
@@ -11,6 +12,7 @@ import base64
 import copy
 import json
 import secrets
+import ssl
 import threading
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -37,8 +39,9 @@ def fixture_documents() -> dict[str, dict[str, Any]]:
 
 
 class FakeRedfish:
-    def __init__(self, auth: str = "session") -> None:
+    def __init__(self, auth: str = "session", tls: ssl.SSLContext | None = None) -> None:
         self.auth = auth
+        self.tls = tls
         self.documents = fixture_documents()
         self.tokens: set[str] = set()
         self.requests: Counter[tuple[str, str]] = Counter()
@@ -57,7 +60,8 @@ class FakeRedfish:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
 
     def start(self) -> FakeRedfish:
         self.thread.start()
@@ -107,6 +111,21 @@ class FakeRedfish:
 
             def log_message(self, format: str, *args: object) -> None:
                 pass
+
+            def setup(self) -> None:
+                if bmc.tls is not None:
+                    # A client that refuses our certificate fails this handshake:
+                    # the connection ends here, silently (handle_error above).
+                    self.request.settimeout(10)  # for the handshake only
+                    self.request = bmc.tls.wrap_socket(self.request, server_side=True)
+                    self.request.settimeout(None)
+                super().setup()
+
+            def finish(self) -> None:
+                super().finish()
+                if isinstance(self.request, ssl.SSLSocket):
+                    # socketserver closes the socket it accepted, which the TLS one replaced.
+                    self.request.close()
 
             def _send(self, status: int, body: Any = None, headers: dict[str, str] | None = None):
                 data = b"" if body is None else json.dumps(body).encode()

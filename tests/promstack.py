@@ -240,9 +240,11 @@ def vmalert(
     datasource: str,
     notifiers: Sequence[str],
     interval: str = "1s",
+    flush_interval: str = "1s",
 ) -> Iterator[Server]:
     """vmalert evaluating `rule_files` against the VictoriaMetrics at `datasource` (a base
-    URL), writing recording rules and alert state back to it (flushed every second) and
+    URL), writing recording rules and alert state back to it (flushed every
+    `flush_interval`) and
     restoring alert state from it, sending alerts to `notifiers` (base URLs: vmalert
     refuses to start with alerting rules and none). Groups without their own `interval:`
     are evaluated every `interval`."""
@@ -253,7 +255,7 @@ def vmalert(
             *(f"-rule={path}" for path in rule_files),
             f"-datasource.url={datasource}",
             f"-remoteWrite.url={datasource}",
-            "-remoteWrite.flushInterval=1s",
+            f"-remoteWrite.flushInterval={flush_interval}",
             f"-remoteRead.url={datasource}",
             *(f"-notifier.url={url}" for url in notifiers),
             f"-evaluationInterval={interval}",

@@ -7,10 +7,15 @@ rules/energy.yml over it (`-replay.*`, one rule at a time over the whole range,
 so every chained rule reads what the ones before it wrote), and every check of
 that test must give what promtool expects, at the same time: queries and
 expected values are read from that file, so the two never drift apart.
+
+Replay hides vmalert's one-evaluation lag (each rule runs after the rules it reads,
+over the whole range), so the energy sums are also run live in vmalert, where a rule
+reads its group's output of the evaluation before.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -21,7 +26,7 @@ import pytest
 import requests
 import yaml
 
-from tests.promstack import binary, victoria_metrics
+from tests.promstack import binary, victoria_metrics, vmalert
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "rules" / "energy.yml"
@@ -74,53 +79,63 @@ def seconds(duration: str) -> int:
     return int(match[1] or 0) * 60 + int(match[2] or 0)
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=[test["name"] for test in SCENARIOS])
-def test_victoria_metrics_and_vmalert_give_promtools_figures(scenario: dict, tmp_path: Path):
-    start = (int(time.time()) - 3600) // STEP_S * STEP_S
+def import_inputs(vm_url: str, scenario: dict, start: int) -> None:
+    """The scenario's input series into VictoriaMetrics, step 0 at `start`."""
     lines = []
     for series in scenario["input_series"]:
         for step, value in enumerate(expand(series["values"])):
             if value is not None:
                 lines.append(f"{series['series']} {value!r} {(start + step * STEP_S) * 1000}")
+    requests.post(
+        f"{vm_url}/api/v1/import/prometheus", data="\n".join(lines), timeout=30
+    ).raise_for_status()
+    requests.get(f"{vm_url}/internal/force_flush", timeout=30).raise_for_status()
+
+
+def replay(vm_url: str, workdir: Path, start: int, end: int) -> None:
+    """vmalert -replay of rules/energy.yml from `start` to `end`: rules in dependency
+    order, VictoriaMetrics flushed between steps, so each rule reads every sample the
+    rules it reads wrote (vmalert's -replay.rulesDelay is a guess at how long storage
+    takes; a flush is a fact)."""
+
+    def iso(seconds: int) -> str:
+        return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    group = yaml.safe_load(RULES.read_text())["groups"][0]
+    for index, rules in enumerate(dependency_steps(group["rules"])):
+        single = workdir / f"step-{index:02d}.yml"
+        single.write_text(yaml.safe_dump({"groups": [{**group, "rules": rules}]}))
+        replayed = subprocess.run(
+            [
+                binary("vmalert"),
+                f"-rule={single}",
+                f"-datasource.url={vm_url}",
+                f"-remoteWrite.url={vm_url}",
+                f"-replay.timeFrom={iso(start)}",
+                f"-replay.timeTo={iso(end)}",
+                "-replay.rulesDelay=0s",  # a step's rules do not read each other
+                f"-datasource.queryStep={STEP_S}s",  # replay every 30 s, not every 5 min
+                "-remoteWrite.flushInterval=100ms",
+                "-replay.disableProgressBar",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert replayed.returncode == 0, replayed.stdout[-3000:] + replayed.stderr[-3000:]
+        requests.get(f"{vm_url}/internal/force_flush", timeout=30).raise_for_status()
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[test["name"] for test in SCENARIOS])
+def test_victoria_metrics_and_vmalert_give_promtools_figures(scenario: dict, tmp_path: Path):
+    start = (int(time.time()) - 3600) // STEP_S * STEP_S
     checks = scenario["promql_expr_test"]
     at = start + max(seconds(check["eval_time"]) for check in checks)
 
     with victoria_metrics(tmp_path / "vm", scrape_targets={}) as vm:
-        requests.post(
-            f"{vm.url}/api/v1/import/prometheus", data="\n".join(lines), timeout=30
-        ).raise_for_status()
-        requests.get(f"{vm.url}/internal/force_flush", timeout=30).raise_for_status()
-
-        def iso(seconds: int) -> str:
-            return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-        # Rules in dependency order, VictoriaMetrics flushed between steps, so each rule
-        # reads every sample the rules it reads wrote (vmalert's -replay.rulesDelay is
-        # a guess at how long storage takes; a flush is a fact).
-        group = yaml.safe_load(RULES.read_text())["groups"][0]
-        for index, rules in enumerate(dependency_steps(group["rules"])):
-            single = tmp_path / f"step-{index:02d}.yml"
-            single.write_text(yaml.safe_dump({"groups": [{**group, "rules": rules}]}))
-            replay = subprocess.run(
-                [
-                    binary("vmalert"),
-                    f"-rule={single}",
-                    f"-datasource.url={vm.url}",
-                    f"-remoteWrite.url={vm.url}",
-                    f"-replay.timeFrom={iso(start)}",
-                    f"-replay.timeTo={iso(at)}",
-                    "-replay.rulesDelay=0s",  # a step's rules do not read each other
-                    f"-datasource.queryStep={STEP_S}s",  # replay every 30 s, not every 5 min
-                    "-remoteWrite.flushInterval=100ms",
-                    "-replay.disableProgressBar",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
-            assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-3000:]
-            requests.get(f"{vm.url}/internal/force_flush", timeout=30).raise_for_status()
+        import_inputs(vm.url, scenario, start)
+        replay(vm.url, tmp_path, start, at)
 
         for check in checks:
             answer = requests.get(
@@ -146,3 +161,100 @@ def test_victoria_metrics_and_vmalert_give_promtools_figures(scenario: dict, tmp
                 for sample in check["exp_samples"]
             }
             assert got == expected, f"{check['expr']} at {check['eval_time']}"
+
+
+ENERGY_RULES = ("llmgw:unit_energy_joules:sum5m", "llmgw:model_profile_energy_joules:sum5m")
+UNIT = {"node": "n1", "unit": "u1", "model": "m1", "profile": "p1"}
+
+
+def ramp_watts(at: int, base: int) -> float:
+    """The unit's power at `at`: 100 W at `base`, 10 W more every 30 s."""
+    return 100.0 + 10.0 * (at - base) / STEP_S
+
+
+def test_live_vmalert_sums_the_ten_samples_prometheus_sums(tmp_path: Path) -> None:
+    """vmalert evaluating, not replaying. There a rule sees what an earlier rule of its
+    group wrote only once vmalert's remote write has flushed it: the evaluation before's
+    output, not this evaluation's (a 20 s flush, the group's rules a few ms apart). A
+    window that took this evaluation's power sample (`[4m45s]`) sums 10 samples in
+    Prometheus and 9 here.
+
+    The energy rules of rules/energy.yml, as written, run live in one group after a
+    stand-in for `llmgw:unit_power_watts` (one unit's power, rising 10 W a step; its
+    history imported on the 30 s grid up to the last step before vmalert starts, so
+    that no step has two samples). Their first figures must be 30 s x the stored
+    power of the 10 evaluations before theirs, as Prometheus's would be.
+    """
+    energy = yaml.safe_load(RULES.read_text())["groups"][0]["rules"]
+    rules = [rule for rule in energy if rule.get("record") in ENERGY_RULES]
+    assert [rule["record"] for rule in rules] == list(ENERGY_RULES)
+    group = {
+        "name": "energy-window",
+        "interval": f"{STEP_S}s",
+        "rules": [
+            {"record": "llmgw:unit_power_watts", "expr": "max_over_time(ramp_watts[1m])"},
+            *rules,
+        ],
+    }
+    rule_file = tmp_path / "energy-window.yml"
+    rule_file.write_text(yaml.safe_dump({"groups": [group]}))
+    labels = ",".join(f'{k}="{v}"' for k, v in UNIT.items())
+    power = f"llmgw:unit_power_watts{{{labels}}}"
+
+    with victoria_metrics(tmp_path / "vm", scrape_targets={}) as vm:
+        # vmalert evaluates at 30 s boundaries, the first at or after `now`.
+        now = int(time.time()) // STEP_S * STEP_S
+        base = now - 10 * 60
+        history = [f"{power} {ramp_watts(at, base)} {at * 1000}" for at in range(base, now, STEP_S)]
+        inputs = [  # the stand-in's input, into the future: the live rule reads it
+            f"ramp_watts{{{labels}}} {ramp_watts(at, base)} {at * 1000}"
+            for at in range(base, now + 10 * STEP_S, STEP_S)
+        ]
+        requests.post(
+            f"{vm.url}/api/v1/import/prometheus", data="\n".join(history + inputs), timeout=30
+        ).raise_for_status()
+        requests.get(f"{vm.url}/internal/force_flush", timeout=30).raise_for_status()
+        with vmalert(
+            tmp_path / "vmalert",
+            rule_files=[rule_file],
+            datasource=vm.url,
+            notifiers=[],
+            flush_interval="20s",
+        ):
+            deadline = time.monotonic() + 4 * STEP_S
+            live: dict[int, dict[frozenset[tuple[str, str]], float]] = {}
+            while not live and time.monotonic() < deadline:
+                time.sleep(1)
+                live = live_samples(vm.url, ENERGY_RULES[0], after=now - 1)
+            assert live, f"vmalert wrote no {ENERGY_RULES[0]} within {4 * STEP_S} s"
+            first = min(live)
+            by_model = live_samples(vm.url, ENERGY_RULES[1], after=first - 1)
+            stored = live_samples(vm.url, power, after=first - 11 * STEP_S)
+    before = [first - STEP_S * j for j in range(1, 11)]
+    watts = [next(iter(stored[at].values())) for at in before if at in stored]
+    # Steps between the history and vmalert's first evaluation (its start waits for
+    # the group's phase) have no power: up to two, which Prometheus would not sum either.
+    assert len(watts) >= 8, f"the power of {before} is not stored: {sorted(stored)}"
+    expected = STEP_S * sum(watts)
+    assert list(live[first].values()) == [pytest.approx(expected)], (
+        f"at {first}: the evaluations {before[-1]}..{before[0]} stored {watts}"
+    )
+    assert list(by_model[first].values()) == [pytest.approx(expected)]
+
+
+def live_samples(
+    vm_url: str, selector: str, after: int
+) -> dict[int, dict[frozenset[tuple[str, str]], float]]:
+    """Raw samples of `selector` stored later than `after`, by timestamp (s) then labels."""
+    requests.get(f"{vm_url}/internal/force_flush", timeout=30).raise_for_status()
+    answer = requests.get(
+        f"{vm_url}/api/v1/export", params={"match[]": selector, "start": after + 1}, timeout=30
+    )
+    answer.raise_for_status()
+    out: dict[int, dict[frozenset[tuple[str, str]], float]] = {}
+    for line in answer.text.splitlines():
+        series = json.loads(line)
+        labels = frozenset((k, v) for k, v in series["metric"].items() if k != "__name__")
+        for value, stamp in zip(series["values"], series["timestamps"], strict=True):
+            out.setdefault(stamp // 1000, {})[labels] = float(value)
+    return out

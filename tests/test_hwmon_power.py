@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from exporter.collector import served_samples
 from exporter.poller import SourceRunner
 from exporter.samples import NoData, Sample
 from exporter.sources.hwmon_power import HwmonPowerConfig, HwmonPowerSource
@@ -23,6 +24,14 @@ from tests.shared_fixtures import SHARED_FIXTURES
 KEPLER = SHARED_FIXTURES / "kepler" / "sys"
 POWER = "llmgw_node_power_watts"
 ENERGY = "llmgw_node_energy_joules_total"
+CPU = "llmgw_node_cpu_power_watts"
+DRAM = "llmgw_node_dram_power_watts"
+
+
+def rails(packages: dict[str, tuple[float, float]]) -> list[Sample]:
+    """The Grace rails' samples: {package: (CPU package W, DRAM W)}, in the source's order."""
+    cpu = [Sample(CPU, watts, {"package": p}) for p, (watts, _) in packages.items()]
+    return cpu + [Sample(DRAM, watts, {"package": p}) for p, (_, watts) in packages.items()]
 
 
 class FakeClock:
@@ -70,7 +79,7 @@ Module = int | str | None  # µW; a string is written as it is; None: no such me
 
 
 def grace(sysfs: Path, module_uw: tuple[Module, Module] = (612_500_000, 580_000_000)) -> None:
-    """A Grace superchip's 2 × 4 meters, as NVIDIA's tuning guide lists them."""
+    """Two Grace sockets with a module meter each (two GH200s on one board), 2 × 4 meters."""
     index = 0
     for socket, module in enumerate(module_uw):
         for rail, uw in (
@@ -87,7 +96,10 @@ def grace(sysfs: Path, module_uw: tuple[Module, Module] = (612_500_000, 580_000_
 
 def test_grace_node_is_the_sum_of_its_modules(tmp_path: Path) -> None:
     grace(tmp_path)
-    assert source(tmp_path).poll() == [Sample(POWER, 1192.5, {"source": "hwmon_power"})]
+    assert source(tmp_path).poll() == [
+        Sample(POWER, 1192.5, {"source": "hwmon_power"}),
+        *rails({"0": (220.0, 30.0), "1": (220.0, 30.0)}),  # CPU 180 + SysIO 40; Grace 250
+    ]
 
 
 @pytest.mark.parametrize(
@@ -102,7 +114,8 @@ def test_grace_with_a_module_missing_publishes_no_short_sum(
 ) -> None:
     grace(tmp_path, (612_500_000, module))
     state = SourceRunner(source(tmp_path), 5).poll_once()
-    assert (state.up, state.samples) == (False, ())
+    assert state.up is False
+    assert POWER not in {s.metric for s in state.samples}  # the rails are still served
     assert reason in state.reason
     assert "the node's sum would be short" in state.reason
 
@@ -179,3 +192,110 @@ def test_an_energy_counter_that_went_back_gives_no_power(tmp_path: Path) -> None
 def test_no_hwmon_is_no_data(tmp_path: Path) -> None:
     with pytest.raises(NoData):
         source(tmp_path).poll()
+
+
+# --- NVIDIA Grace's per-socket rails as CPU package and DRAM power -------------------------
+# Trees written from the documented format, not copied from a machine: NVIDIA's
+# firmware (edk2-nvidia, the TH500 SSDTs) declares four ACPI000D meters per
+# socket, `Module`, `Grace`, `CPU` and `SysIO Power Socket N` in their OEM
+# information; NVIDIA's Grace tuning guide ("Power Telemetry", as Alumet's
+# grace-hopper plugin documents it) has no module meter on the Grace CPU
+# Superchip. The kernel's acpi_power_meter driver serves each as
+# power1_average (µW) and power1_oem_info.
+
+Rail = tuple[str, int | str | None]  # (oem_info rail name, µW); None: no such meter
+
+
+def grace_sockets(sysfs: Path, sockets: list[list[Rail]]) -> None:
+    index = 0
+    for socket, meters in enumerate(sockets):
+        for rail, microwatts in meters:
+            if microwatts is not None:
+                acpi_meter(sysfs, index, microwatts, f"{rail} Power Socket {socket}")
+                index += 1
+
+
+def grace_grace(sysfs: Path, cpu1: int | str = 120_000_000) -> None:
+    """A Grace CPU Superchip: 2 sockets × Grace, CPU, SysIO; no module meter."""
+    grace_sockets(
+        sysfs,
+        [
+            [("Grace", 185_000_000), ("CPU", 140_000_000), ("SysIO", 30_000_000)],
+            [("Grace", 165_000_000), ("CPU", cpu1), ("SysIO", 30_000_000)],
+        ],
+    )
+
+
+def gh200(sysfs: Path, grace_uw: int | str | None = 250_000_000) -> None:
+    """A GH200 Grace Hopper Superchip: one socket × Module, Grace, CPU, SysIO."""
+    meters: list[Rail] = [
+        ("Module", 900_000_000),
+        ("Grace", grace_uw),
+        ("CPU", 180_000_000),
+        ("SysIO", 40_000_000),
+    ]
+    grace_sockets(sysfs, [meters])
+
+
+def test_grace_grace_publishes_packages_and_dram_and_no_node(tmp_path: Path) -> None:
+    """No module meter: the node is the BMC's; CPU 140 + SysIO 30, Grace 185 − 170."""
+    grace_grace(tmp_path)
+    state = SourceRunner(source(tmp_path), 5).poll_once()
+    assert state.up, state.reason
+    assert list(state.samples) == rails({"0": (170.0, 15.0), "1": (150.0, 15.0)})
+
+
+def test_gh200_publishes_its_module_as_the_node_and_its_rails(tmp_path: Path) -> None:
+    gh200(tmp_path)
+    assert source(tmp_path).poll() == [
+        Sample(POWER, 900.0, {"source": "hwmon_power"}),
+        *rails({"0": (220.0, 30.0)}),
+    ]
+
+
+def test_a_grace_meter_below_its_rails_reads_no_dram(tmp_path: Path) -> None:
+    """Each meter averages over its own window: 210 < 180 + 40 gives 0 W, never negative."""
+    gh200(tmp_path, grace_uw=210_000_000)
+    assert [s.value for s in source(tmp_path).poll() if s.metric == DRAM] == [0.0]
+
+
+def test_without_grace_meters_the_packages_are_served_alone(tmp_path: Path) -> None:
+    gh200(tmp_path, grace_uw=None)
+    samples = source(tmp_path).poll()
+    assert [(s.metric, s.value) for s in samples] == [(POWER, 900.0), (CPU, 220.0)]
+
+
+def test_an_unreadable_grace_meter_reads_down_with_the_packages_served(tmp_path: Path) -> None:
+    gh200(tmp_path, grace_uw="garbage")
+    state = SourceRunner(source(tmp_path), 5).poll_once()
+    assert state.up is False
+    assert "cannot read Grace Power Socket 0: no Grace DRAM power" in state.reason
+    assert [(s.metric, s.value) for s in state.samples] == [(POWER, 900.0), (CPU, 220.0)]
+
+
+def test_an_unreadable_cpu_rail_gives_no_package_of_any_socket(tmp_path: Path) -> None:
+    grace_grace(tmp_path, cpu1="garbage")
+    state = SourceRunner(source(tmp_path), 5).poll_once()
+    assert (state.up, state.samples) == (False, ())
+    assert "cannot read CPU Power Socket 1: no Grace CPU package power" in state.reason
+
+
+def test_configured_node_sensors_keep_the_rails(tmp_path: Path) -> None:
+    gh200(tmp_path)
+    acpi_meter(tmp_path, 9, 950_000_000, None)  # a platform meter the operator names
+    samples = source(tmp_path, sensors=["lnxsybus:00_acpi000d:09:power1"]).poll()
+    assert samples == [
+        Sample(POWER, 950.0, {"source": "hwmon_power"}),
+        *rails({"0": (220.0, 30.0)}),
+    ]
+
+
+@pytest.mark.parametrize("rapl_serves", [True, False])
+def test_rapl_wins_over_the_grace_rails(tmp_path: Path, rapl_serves: bool) -> None:
+    """Never two figures for one package, should a machine have both."""
+    gh200(tmp_path)
+    runner = SourceRunner(source(tmp_path), 5)
+    runner.poll_once()
+    served = {"rapl": {CPU, DRAM} if rapl_serves else set(), "hwmon_power": set()}
+    metrics = [s.metric for s in served_samples(runner, served)]
+    assert metrics == ([POWER] if rapl_serves else [POWER, CPU, DRAM])

@@ -3,7 +3,10 @@
 The DCMI reports are CEEMS' recordings (../shared/fixtures/ceems/bsd3/tool-outputs).
 The SDR listings (`ipmitool sdr type Temperature`, FreeIPMI `ipmi-sensors`
 CSV) are **synthetic**: written here in the tools' documented formats, as no
-recording is at hand.
+recording is at hand. The `ipmiutil sensor` listing keeps two lines of public
+output verbatim (`Baseboard Temp`: the sample in ipmiutil's own isensor(8);
+`FAN1` and the header: a published `ipmiutil sensor` 3.18 run) and adds inlet
+lines in the format its isensor.c prints.
 """
 
 from __future__ import annotations
@@ -33,6 +36,15 @@ Inlet Temp       | 04h | ok  |  7.1 | 23 degrees C
 Exhaust Temp     | 01h | ok  |  7.1 | 35 degrees C
 Temp             | 0Eh | ok  |  3.1 | 40 degrees C
 Temp             | 0Fh | ns  |  3.2 | No Reading
+"""
+IPMIUTIL_SENSORS = """\
+ipmiutil sensor version 3.18
+-- BMC version 1.48, IPMI version 2.0
+_ID_ SDR_Type_xx ET Own Typ S_Num   Sens_Description   Hex & Interp Reading
+000b SDR Full 01 01 20 a 01 snum 30 Baseboard Temp   = 2e OK   46.00 degrees C
+025f SDR Full 01 01 20 a 04 snum 41 FAN1             = 05 Crit-lo 500.00 RPM
+0011 SDR Full 01 01 20 a 01 snum 32 Inlet Temp       = 17 OK   23.00 degrees C
+ipmiutil sensor, completed successfully
 """
 FREEIPMI_SDR = """\
 4,CPU1 Temp,Temperature,52.00,C,'OK'
@@ -295,8 +307,37 @@ def test_a_failing_sdr_keeps_the_power_and_reads_down(node: dict[str, Path]) -> 
     assert powers(caught.value.samples) == [2578.0]
 
 
-def test_ipmiutil_reads_no_inlet(node: dict[str, Path]) -> None:
-    replaying(node["bin"], "ipmiutil", recorded("ipmiutil"), IPMITOOL_SDR)
+def test_ipmiutil_sensor_listing_parses() -> None:
+    """Temperatures only (sensor type 01), with their names as the SDR has them."""
+    assert parse_sdr_temperatures(IPMIUTIL_SENSORS, "ipmiutil") == [
+        ("Baseboard Temp", 46.0),
+        ("Inlet Temp", 23.0),
+    ]
+
+
+def ipmiutil(bin_dir: Path, sensors: str) -> None:
+    """ipmiutil replaying CEEMS' `dcmi power` recording, and `sensors` for `sensor -g temp`."""
+    report, listing = bin_dir.parent / "ipmiutil.out", bin_dir.parent / "ipmiutil.sensors"
+    report.write_text(recorded("ipmiutil"))
+    listing.write_text(sensors)
+    fake_tool(
+        bin_dir,
+        "ipmiutil",
+        f'[ "$*" = "sensor -g temp" ] && exec /bin/cat "{listing}"\nexec /bin/cat "{report}"\n',
+    )
+
+
+def test_ipmiutil_inlet(node: dict[str, Path]) -> None:
+    ipmiutil(node["bin"], IPMIUTIL_SENSORS)
+    assert source(node).poll() == [
+        Sample(POWER, 49.0, {"source": "ipmi"}),
+        Sample(INLET, 23.0, {"chip": "ipmi", "sensor": "Inlet Temp"}),
+    ]
+
+
+def test_an_ipmiutil_sensor_in_init_state_has_no_reading(node: dict[str, Path]) -> None:
+    """isensor.c's "Init" status: no reading yet; its 0.00 is not a temperature."""
+    ipmiutil(node["bin"], IPMIUTIL_SENSORS.replace("= 17 OK   23.00", "= 00 Init  0.00"))
     assert [s.metric for s in source(node).poll()] == [POWER]
 
 

@@ -15,7 +15,10 @@ Which sensors are the node, when `sensors` is not configured:
   `Module Power Socket 0`, `Grace Power Socket 0`, `CPU Power Socket 0`,
   `SysIO Power Socket 0`): the node is the sum of the `Module Power Socket N`
   meters (the whole superchip module of each socket; on GH200 it includes the
-  GPU). The CPU, Grace and SysIO rails are parts of a module and are not read;
+  GPU). A Grace CPU Superchip has no module meter: no node series here (its
+  BMC measures the node). The Grace, CPU and SysIO rails are never the node:
+  they give the CPU package and DRAM power (`grace_rails.py`), with or without
+  a module meter and whatever `sensors` says;
 - nothing else (GPU, NVMe, Super-I/O, PMBus rails, AMD's `amd_energy`, which
   is RAPL again) is ever taken for the node.
 
@@ -29,6 +32,8 @@ Emits:
 
     llmgw_node_power_watts{source="hwmon_power"} 612.5
     llmgw_node_energy_joules_total{source="hwmon_power"} 1234567.0
+    llmgw_node_cpu_power_watts{package="0"} 220.0     # Grace: CPU + SysIO rails
+    llmgw_node_dram_power_watts{package="0"} 30.0     # Grace: Grace − CPU − SysIO
 
 Missing data:
 - no `class/hwmon` directory, or no node meter → `NoData`;
@@ -39,7 +44,10 @@ Missing data:
   the source is down with no power series (a partial sum would understate the
   node);
 - an energy counter that went backwards (reboot, driver reload) → no power for
-  that interval; the counter is published as the kernel keeps it.
+  that interval; the counter is published as the kernel keeps it;
+- Grace rails: as `grace_rails.py` says; a rail problem with the node read →
+  the node is served and the source reads down; a node problem with the rails
+  read → the rails are served and the source reads down.
 """
 
 from __future__ import annotations
@@ -52,9 +60,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from exporter.samples import NoData, Sample
+from exporter.samples import NoData, PartialReading, Sample
 from exporter.sources.base import Source, SourceConfig
 from exporter.sources.bmc import NODE_ENERGY_METRIC, NODE_POWER_METRIC, node_power
+from exporter.sources.grace_rails import CPU_POWER_METRIC, DRAM_POWER_METRIC, grace_rail_samples
 from exporter.sources.hwmon import chip_names, clean_name
 from exporter.sysfs import read_int, read_text
 
@@ -129,6 +138,8 @@ class HwmonPowerSource(Source):
     name: ClassVar[str] = "hwmon_power"
     default_interval: ClassVar[float] = 5.0
     Config: ClassVar[type[SourceConfig]] = HwmonPowerConfig
+    # Never two figures for one package: RAPL, where a machine has it, wins.
+    defer: ClassVar[dict[str, str]] = {CPU_POWER_METRIC: "rapl", DRAM_POWER_METRIC: "rapl"}
     config: HwmonPowerConfig
 
     def __init__(
@@ -152,11 +163,31 @@ class HwmonPowerSource(Source):
             raise NoData(f"{root} does not exist")
         entries = sorted(p for p in root.glob("hwmon*") if p.is_dir())
         sensors = [s for entry, chip in chip_names(entries).items() for s in _sensors(entry, chip)]
-        if self.config.sensors is not None:
-            chosen = self._configured(sensors, self.config.sensors)
-        else:
-            chosen = self._classified(sensors)
-        return self._samples(chosen)
+        rails, rails_problem = grace_rail_samples(
+            (s.label, s.value)
+            for s in sensors
+            if s.driver in NODE_METER_DRIVERS and s.kind == "power"
+        )
+        try:
+            if self.config.sensors is not None:
+                chosen = self._configured(sensors, self.config.sensors)
+            else:
+                chosen = self._classified(sensors)
+            node = self._samples(chosen)
+        except NoData:
+            if not rails and rails_problem is None:
+                raise
+            node = []  # a Grace CPU Superchip: no module meter, the node is the BMC's
+        except RuntimeError as exc:
+            if not rails:
+                raise
+            raise PartialReading(rails, str(exc)) from exc
+        samples = node + rails
+        if rails_problem is not None:
+            if not samples:
+                raise RuntimeError(rails_problem)
+            raise PartialReading(samples, rails_problem)
+        return samples
 
     @staticmethod
     def _configured(sensors: list[_Sensor], wanted: list[str]) -> list[_Sensor]:

@@ -4,8 +4,8 @@ Runs the first of FreeIPMI `ipmi-dcmi --get-system-power-statistics`,
 `ipmitool dcmi power reading` or `ipmiutil dcmi power` found on PATH (or the
 configured `tool`), in-band through the kernel's IPMI device, and parses its
 report. The inlet temperature comes from the sensor repository (SDR) through
-the same tool family: FreeIPMI `ipmi-sensors`, or `ipmitool sdr type
-Temperature` (ipmiutil: no inlet).
+the same tool family: FreeIPMI `ipmi-sensors`, `ipmitool sdr type
+Temperature`, or `ipmiutil sensor -g temp`.
 
 Emits:
 
@@ -66,14 +66,22 @@ POWER_ARGS: dict[Format, list[str]] = {
     "ipmitool": ["dcmi", "power", "reading"],
     "ipmiutil": ["dcmi", "power"],
 }
-#: The SDR tool of each family and its arguments; ipmiutil is not read.
+#: The SDR tool of each family and its arguments.
 SDR_TOOLS: dict[Format, tuple[str | None, list[str]]] = {
     "freeipmi": (
         "ipmi-sensors",
         ["--sensor-types=Temperature", "--comma-separated-output", "--no-header-output"],
     ),
     "ipmitool": (None, ["sdr", "type", "Temperature"]),  # None: the power tool itself
+    "ipmiutil": (None, ["sensor", "-g", "temp"]),
 }
+#: An `ipmiutil sensor` line of a Full SDR (its isensor.c: "%04x SDR Full %02x %02x %02x
+#: %c %02x snum %02x %s = %02x %s %.2f %s"): sensor type 01 is Temperature.
+_IPMIUTIL_FULL = re.compile(
+    r"[0-9a-f]{4} SDR Full (?:[0-9a-f]{2} ){3}[am] (?P<type>[0-9a-f]{2}) snum [0-9a-f]{2}"
+    r" (?P<name>.*?)\s*= [0-9a-f]{2} (?P<status>\S+)\s+(?P<value>-?\d+(?:\.\d+)?) degrees C\s*",
+    re.IGNORECASE,
+)
 
 _CURRENT_KEYS = ("current power", "instantaneous power reading")
 _STATE_KEYS = ("power measurement", "power reading state is")
@@ -150,6 +158,13 @@ def parse_sdr_temperatures(report: str, fmt: Format) -> list[tuple[str, float]]:
             name, text = fields[1], fields[3]
             with contextlib.suppress(ValueError):
                 readings.append((name, float(text)))
+        elif (
+            fmt == "ipmiutil"
+        ):  # 000b SDR Full 01 01 20 a 01 snum 30 Name = 2e OK   46.00 degrees C
+            match = _IPMIUTIL_FULL.fullmatch(line)
+            # "Init": the sensor has no reading yet (its value is a placeholder).
+            if match and match["type"] == "01" and match["status"].lower() != "init":
+                readings.append((match["name"], float(match["value"])))
         else:  # Name | 04h | ok | 7.1 | 23 degrees C
             fields = [field.strip() for field in line.split("|")]
             if len(fields) < 5 or (match := _DEGREES.fullmatch(fields[4])) is None:

@@ -37,6 +37,8 @@ Missing data:
 - the BMC not answering within `timeout`, refusing the login, answering an
   error or something that is not JSON → the source is down; its last reading
   is served until `stale_after`, then absent;
+- a certificate that `tls_verify` does not trust → the same, with OpenSSL's
+  reason; it fails the first request, so no credentials are sent;
 - the inlet failing while the power was read → the power is served, the
   source reads down;
 - a configured `chassis` the service does not have → the source is down.
@@ -46,10 +48,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -73,6 +76,7 @@ DEFAULT_SESSIONS = "/redfish/v1/SessionService/Sessions"
 POWER_LINKS = ("EnvironmentMetrics", "PowerSubsystem", "Power")
 
 log = logging.getLogger(__name__)
+_E = TypeVar("_E", bound=BaseException)
 
 
 class RedfishError(RuntimeError):
@@ -148,14 +152,16 @@ class RedfishClient:
         self.base = f"{parts.scheme}://{parts.netloc}"
         self.config = config
         self.http = requests.Session()
-        if isinstance(config.tls_verify, Path):
-            self.http.verify = str(config.tls_verify)
-        else:
-            self.http.verify = config.tls_verify
-            if not config.tls_verify:
-                # Chosen in agent.yaml: said once here, not warned at every request.
-                urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
-                log.warning("redfish: the certificate of %s is not verified", self.base)
+        # Given with every request, never as `Session.verify`: requests lets
+        # REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override a session's own setting,
+        # CA file and `False` alike (psf/requests#3829).
+        self._verify: bool | str = (
+            str(config.tls_verify) if isinstance(config.tls_verify, Path) else config.tls_verify
+        )
+        if config.tls_verify is False:
+            # Chosen in agent.yaml: said once here, not warned at every request.
+            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+            log.warning("redfish: the certificate of %s is not verified", self.base)
         self._token: str | None = None
         self._session_uri: str | None = None
 
@@ -198,6 +204,7 @@ class RedfishClient:
                 headers=headers,
                 auth=auth,
                 timeout=self.config.timeout,
+                verify=self._verify,
                 allow_redirects=False,
                 **kwargs,
             )
@@ -206,15 +213,28 @@ class RedfishClient:
                 f"the BMC at {self.base} did not answer {method} {path} within"
                 f" {self.config.timeout:g}s"
             ) from None
-        except requests.exceptions.SSLError:
-            raise RedfishError(
-                f"TLS with the BMC at {self.base} failed (certificate not trusted? see tls_verify)"
-            ) from None
+        except requests.exceptions.SSLError as exc:
+            raise RedfishError(self._tls_failure(exc)) from None
         except requests.RequestException as exc:
             # The exception's text has object addresses that change at every poll.
             raise RedfishError(
                 f"cannot reach the BMC at {self.base} ({type(exc).__name__})"
             ) from None
+
+    def _tls_failure(self, exc: BaseException) -> str:
+        """Why TLS failed, in words an operator can act on (the OpenSSL reason kept)."""
+        verification = _find_cause(exc, ssl.SSLCertVerificationError)
+        if verification is None:
+            return f"TLS with the BMC at {self.base} failed ({type(exc).__name__})"
+        reason = verification.verify_message or "certificate verify failed"
+        trusted_by = (
+            f"the CA file {self._verify}" if isinstance(self._verify, str) else "the system CAs"
+        )
+        return (
+            f"the BMC at {self.base} presented a certificate not trusted by {trusted_by}"
+            f" ({reason}): set tls_verify to the file of the CA that signed it"
+            " (or false, not to verify it)"
+        )
 
     def _login(self) -> None:
         assert self.config.credentials_file is not None
@@ -364,6 +384,22 @@ class RedfishSource(Source):
                     if celsius is not None:
                         return name or "Intake", celsius
         return None
+
+
+def _find_cause(exc: BaseException, kind: type[_E]) -> _E | None:
+    """The first `kind` among the exceptions that led to `exc` (requests wraps urllib3's)."""
+    seen: set[int] = set()
+    pending: list[object] = [exc]
+    while pending:
+        current = pending.pop()
+        if not isinstance(current, BaseException) or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, kind):
+            return current
+        pending += [current.__cause__, current.__context__, getattr(current, "reason", None)]
+        pending += list(current.args)
+    return None
 
 
 def _optional(client: RedfishClient, path: str) -> dict[str, Any] | None:
