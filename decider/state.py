@@ -112,6 +112,9 @@ class State:
         previous = start or getattr(self, "_view", None)
         if previous is not None and (changed or held):
             view.settle(previous, changed, held)
+            # The placement answers' shapes asked about lately, made before the View is
+            # swapped in: the change pays for them, not the next placement.
+            answers.prepare(view)
         return view
 
     def _since(self, view: View) -> tuple[tuple[Reservation, ...], tuple[DomainRef, ...]]:
@@ -240,9 +243,9 @@ class State:
                 return False
             self.store.delete([reservation_id])
             released = self._reservations[reservation_id]
-            self._reservations = {
-                key: value for key, value in self._reservations.items() if key != reservation_id
-            }
+            remaining = dict(self._reservations)  # a copy in one C call: 2,500 of them
+            del remaining[reservation_id]
+            self._reservations = remaining
             self._view = self._build(changed=(released,))
             return True
 

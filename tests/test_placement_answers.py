@@ -402,3 +402,72 @@ def test_writes_during_a_refresh_are_in_the_view_swapped_in_which_keeps_its_entr
     now = answers.shape(view, SHAPES[0]).entries
     assert all(now[node] is kept[node] for node in ("r1-1", "r1-2", "r1-3"))
     assert all(now[node] is not kept[node] for node in ("r2-1", "r2-2", "r5-1"))
+
+
+# --- a change prepares the next placement's shapes (answers.prepare) -------------------------
+
+
+def test_a_change_prepares_the_shapes_asked_about_lately(tmp_path: Path) -> None:
+    site = new_site(tmp_path)
+    asked, other = SHAPES[0], SHAPES[1]
+    assert_as_decide(site.view(), asked, CANDIDATES)
+    assert_as_decide(site.view(), other, CANDIDATES)
+    old = answers.shape(site.view(), asked).entries
+    assert site.reserve("r5-1", asked).reservation is not None
+    after = site.view()
+    made = after.__dict__[answers.CACHE]  # before any placement on the new View
+    assert set(made) == {asked, other}
+    taken = made[asked].entries  # in bulk, less the reserved rack's nodes
+    assert {"r5-1", "r5-2", "r5-3"}.isdisjoint(taken)
+    assert taken and all(taken[node] is old[node] for node in taken)
+    assert_as_decide(after, asked, CANDIDATES)
+    # Only `asked` is asked from now on: `other` is prepared for PREPARED_IDLE changes more.
+    rack = DomainRef("rack", "r3")
+    for number in range(answers.PREPARED_IDLE + 1):
+        if number % 2 == 0:
+            site.state.hold(rack, "test")
+        else:
+            site.state.release_hold(rack)
+        assert (other in site.view().__dict__[answers.CACHE]) == (
+            number + 2 <= answers.PREPARED_IDLE
+        )
+        assert_as_decide(site.view(), asked, CANDIDATES[:2])
+    cache = site.view().__dict__[answers.CACHE]
+    assert asked in cache and other not in cache
+    assert_as_decide(site.view(), other, CANDIDATES)  # made when asked, from its lineage
+
+
+def test_fill_keeps_the_views_it_reads_while_a_change_cuts_the_chain(tmp_path: Path) -> None:
+    # `prepare` runs in the mutating request's thread and cuts a shape's chain of earlier
+    # Views while a placement on the event loop's thread may be filling a shape from it.
+    site = new_site(tmp_path)
+    rep = SHAPES[0]
+    assert_as_decide(site.view(), rep, CANDIDATES)
+    assert site.reserve("r5-1", rep).reservation is not None
+    view = site.view()
+    made = answers.shape(view, rep)
+    assert made.previous is not None and made.previous_view is not None
+    earlier = weakref.ref(made.previous_view)
+    name = "r1-1"  # its state did not change: carried over from the View before
+    carried = made.entries.pop(name)
+
+    class CutMeanwhile(list[str]):
+        def __iter__(self) -> Any:
+            # What a change on another thread does: the chain cut, the View before gone.
+            made.previous_view = None
+            view.__dict__[answers.LINEAGE].pop(rep)
+            gc.collect()
+            assert earlier() is not None  # fill holds it while it reads it
+            return super().__iter__()
+
+    made.fill(CutMeanwhile([name]))
+    assert made.entries[name] is carried
+    assert earlier() is None  # freed once fill is done
+    assert_as_decide(view, rep, CANDIDATES)
+
+
+def test_index_texts_spell_every_index() -> None:
+    texts = answers._index_texts(5_000)
+    assert len(texts) >= 5_000
+    assert all(texts[index] == str(index).encode() for index in range(5_000))
+    assert answers._index_texts(10) is texts  # grown only when a request needs more
