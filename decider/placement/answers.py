@@ -198,6 +198,9 @@ class Shape:
         self.previous_view: View | None = None  # previous's View, kept alive for it
         #: Changes since a placement last asked about this replica shape (`prepare`).
         self.idle = 0
+        #: The nodes `take_over` left out of the earlier shape's entries (`prepare` works
+        #: them out).
+        self.dropped: list[str] = []
         #: The entries by coarse tuple (by id), for the next View's take_over, and the nodes
         #: whose entries were set since and are in no group yet (in the order set).
         #: For the next View's take_over: the nodes whose entries were set since the last
@@ -319,8 +322,14 @@ class Shape:
         if not earlier.tally() or "domains" not in before.__dict__:
             return
         entries = dict(earlier.entries)
+        dropped = self.dropped
+
+        def drop(name: str) -> None:
+            if entries.pop(name, None) is not None:
+                dropped.append(name)
+
         for name in redone | earlier._unlisted:
-            entries.pop(name, None)
+            drop(name)
         top = earlier._top_room
         past = {watts: set(names) for watts, names in earlier._past.items()}
         then, now = before.domains, view.domains
@@ -332,18 +341,18 @@ class Shape:
             nodes = members.get(ref, ())
             if new is None or new.refusals != old.refusals:
                 for name in nodes:
-                    entries.pop(name, None)
+                    drop(name)
                 continue
             rooms = [room for room in (old.room, new.room) if room is not None]
             if rooms and top >= (floor := min(rooms)):  # some node may be bound by it
                 for name in nodes:
                     found = entries.get(name)
                     if found is not None and (found.room is None or found.room >= floor):
-                        del entries[name]
+                        drop(name)
             for watts, names in past.items():
                 if not self._alike(watts, (old,), (new,)):
                     for name in [n for n in names if ref in (view.membership(n) or ())]:
-                        entries.pop(name, None)
+                        drop(name)
         self.entries = entries
         self._tallied = len(entries)
         self._top_room, self._past = top, past
@@ -550,7 +559,7 @@ def prepare(view: View) -> None:
     the shapes of the replica shapes asked about in the last PREPARED_IDLE changes, at most
     SHAPES_WARMED of them: each takes the View before's entries over in bulk and cuts its
     chain of earlier Views (freeing the oldest) here, in the change, rather than in the
-    next placement, which then finds the shape made."""
+    next placement, which then finds the shape made and its entries too."""
     recent = sorted(
         (earlier.idle + steps + 1, order, replica)
         for order, (replica, (earlier, _, steps, _)) in enumerate(
@@ -559,7 +568,12 @@ def prepare(view: View) -> None:
     )
     for idle, _, replica in recent[:SHAPES_WARMED]:
         if idle <= PREPARED_IDLE:
-            shape(view, replica)
+            made = shape(view, replica)
+            # And the entries the bulk takeover left out (the changed rack's and PDUs'
+            # nodes; all of a row, room or site whose refusals changed), as a placement
+            # asking about every node would: the next placement finds every entry made.
+            made.fill(made.dropped)
+            made.dropped = []
 
 
 def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
