@@ -475,3 +475,18 @@ def test_index_texts_spell_every_index() -> None:
     assert len(texts) >= 5_000
     assert all(texts[index] == str(index).encode() for index in range(5_000))
     assert answers._index_texts(10) is texts  # grown only when a request needs more
+
+
+def test_a_change_leaves_its_view_out_of_the_collectors_young_generations(
+    tmp_path: Path,
+) -> None:
+    # A collection would otherwise walk the new View's dicts again and again (State._build).
+    site = new_site(tmp_path)
+    rep = SHAPES[0]
+    assert_as_decide(site.view(), rep, CANDIDATES)
+    assert site.reserve("r5-1", rep).reservation is not None
+    view = site.view()
+    made = (view.__dict__["_nodes"], answers.shape(view, rep).entries)
+    young = {id(found) for generation in range(3) for found in gc.get_objects(generation)}
+    assert not any(id(mine) in young for mine in made)
+    assert gc.get_freeze_count() > 0
