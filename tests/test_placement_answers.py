@@ -490,3 +490,19 @@ def test_a_change_leaves_its_view_out_of_the_collectors_young_generations(
     young = {id(found) for generation in range(3) for found in gc.get_objects(generation)}
     assert not any(id(mine) in young for mine in made)
     assert gc.get_freeze_count() > 0
+
+
+def test_a_change_that_redoes_many_nodes_leaves_them_to_the_placements(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A hold on the site changes every node's refusals: past PREPARED_NODES, the change
+    # leaves them to the placements that ask (monkeypatched down to this small site).
+    monkeypatch.setattr(answers, "PREPARED_NODES", 4)
+    site = new_site(tmp_path)
+    rep = SHAPES[0]
+    assert_as_decide(site.view(), rep, CANDIDATES)
+    site.state.hold(DomainRef("rack", "r1"), "test")  # 3 nodes: worked out by the change
+    assert {"r1-1", "r1-2", "r1-3"} <= set(answers.shape(site.view(), rep).entries)
+    site.state.hold(DomainRef("site", "s"), "test")  # every node
+    assert not set(NODES) & set(answers.shape(site.view(), rep).entries)
+    assert_as_decide(site.view(), rep, CANDIDATES)

@@ -64,6 +64,9 @@ SHAPES_WARMED = 4
 #: Changes since a replica shape was last asked about past which `prepare` leaves it to the
 #: next placement that asks (each prepared shape costs the change about a millisecond).
 PREPARED_IDLE = 4
+#: Entries `prepare` works out per shape at most (those the bulk takeover left out): a
+#: rack's and its PDUs' nodes, a row's; about 50 µs each.
+PREPARED_NODES = 512
 #: Bits of a rank: the candidate's index (at most PlacementRequest's 100,000 candidates),
 #: then the spread count, then the rack room's score, then the condition's.
 _INDEX_BITS = 17
@@ -570,9 +573,12 @@ def prepare(view: View) -> None:
         if idle <= PREPARED_IDLE:
             made = shape(view, replica)
             # And the entries the bulk takeover left out (the changed rack's and PDUs'
-            # nodes; all of a row, room or site whose refusals changed), as a placement
-            # asking about every node would: the next placement finds every entry made.
-            made.fill(made.dropped)
+            # nodes, those a row binds): the next placement finds every entry made. Not
+            # every node of a room or site whose refusals changed (a hold on the site):
+            # that would hold the writers' lock for a refresh's work; placements work
+            # out their own candidates' then.
+            if len(made.dropped) <= PREPARED_NODES:
+                made.fill(made.dropped)
             made.dropped = []
 
 
