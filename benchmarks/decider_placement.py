@@ -22,10 +22,11 @@ every size alike. Two phases:
 - **warm**: nothing changes between requests, so they read one View whose per-node
   figures earlier requests already worked out (the background refresh still replaces it
   every `refresh_interval`, as in production);
-- **cold**: before every request the client makes or releases one reservation (not
-  timed): the decider then serves a new View that nothing has read yet, as after every
-  reservation the scheduler makes (and every hold and refresh), and the request works out
-  every domain's and candidate's figures afresh.
+- **cold**: before every request the client makes or releases one reservation: the
+  decider then serves a new View that no placement has read yet, as after every
+  reservation the scheduler makes (and every hold and refresh). The reservations are
+  timed too, as series of their own: the decider readies the next placement's parts in
+  them (decider.placement.answers.prepare), and that cost must show.
 
 Per size and phase: p50, p90, p99 latency (connect excluded: keep-alive; until the last
 body byte), candidates judged per second, the serving thread's CPU per request (exact,
