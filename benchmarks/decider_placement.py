@@ -22,10 +22,11 @@ every size alike. Two phases:
 - **warm**: nothing changes between requests, so they read one View whose per-node
   figures earlier requests already worked out (the background refresh still replaces it
   every `refresh_interval`, as in production);
-- **cold**: before every request the client makes or releases one reservation (not
-  timed): the decider then serves a new View that nothing has read yet, as after every
-  reservation the scheduler makes (and every hold and refresh), and the request works out
-  every domain's and candidate's figures afresh.
+- **cold**: before every request the client makes or releases one reservation: the
+  decider then serves a new View that no placement has read yet, as after every
+  reservation the scheduler makes (and every hold and refresh). The reservations are
+  timed too, as series of their own: the decider readies the next placement's parts in
+  them (decider.placement.answers.prepare), and that cost must show.
 
 Per size and phase: p50, p90, p99 latency (connect excluded: keep-alive; until the last
 body byte), candidates judged per second, the serving thread's CPU per request (exact,
@@ -567,15 +568,39 @@ def request_kinds(site: Site, sizes: list[int], lists: int, seed: int) -> list[K
     return kinds
 
 
-def toggle_reservation(client: Client, node: str, made: bool) -> bool:
-    """Make or release one reservation (not timed): after either, the decider serves a new
-    View that nothing has read yet, as after every reservation the scheduler makes."""
+#: The cold phase's reservation requests, timed as series of their own (not placements).
+TOGGLES = ("reserve", "release")
+
+
+def toggle_reservation(client: Client, node: str, made: bool) -> tuple[str, float, int]:
+    """Make or release one reservation: after either, the decider serves a new View, as
+    after every reservation the scheduler makes. Which it was, its latency (what the
+    decider does for the next placement in it is the reservation's to pay) and its bytes."""
     if made:
-        client.call("DELETE", f"/v1/reservations/{TOGGLE_ID}", expect=204)
+        status, content, seconds = client.request(
+            "DELETE", f"/v1/reservations/{TOGGLE_ID}", auth=True
+        )
+        expect, kind = 204, "release"
     else:
         body = {"id": TOGGLE_ID, "replica": REPLICA, "node": node}
-        client.call("POST", "/v1/reservations", body, expect=201)
-    return not made
+        status, content, seconds = client.request(
+            "POST", "/v1/reservations", json.dumps(body).encode(), auth=True
+        )
+        expect, kind = 201, "reserve"
+    if status != expect:
+        raise RuntimeError(f"{kind} {TOGGLE_ID}: HTTP {status}, not {expect}: {content[:300]!r}")
+    return kind, seconds, len(content)
+
+
+def process_cpu_ns(pid: int) -> int:
+    """CPU time of every thread of the process, in ns (a reservation runs in the thread
+    pool, not on the event loop's thread)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        path = f"/proc/{pid}/task/{task}/schedstat"
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError), open(path) as stat:
+            total += int(stat.read().split()[0])
+    return total
 
 
 def prometheus_asked(port: int) -> int:
@@ -597,6 +622,8 @@ def measure(
     """`rounds` rounds of one request of every kind, the order rotated each round; with a
     `cold_node`, a reservation on it made or released before every request."""
     series = {kind.name: Series(kind.candidates) for kind in kinds}
+    if cold_node is not None:
+        series.update({name: Series(0) for name in TOGGLES})
     made = False
     asked_before = prometheus_asked(prometheus_port)
     cpu_before, busy_before = process_cpu_seconds(server), busy_seconds()
@@ -607,7 +634,14 @@ def measure(
         shift = number % len(kinds)
         for kind in kinds[shift:] + kinds[:shift]:
             if cold_node is not None:
-                made = toggle_reservation(client, cold_node, made)
+                cpu = process_cpu_ns(server.pid)
+                toggled, seconds, size = toggle_reservation(client, cold_node, made)
+                entry = series[toggled]
+                entry.body_bytes = size
+                entry.server_cpu_ns.append(process_cpu_ns(server.pid) - cpu)
+                entry.latencies.append(seconds)
+                entry.statuses.add(201 if toggled == "reserve" else 204)
+                made = not made
             body = kind.bodies[number % len(kind.bodies)] if kind.bodies else None
             cpu = thread_cpu_ns(server.pid)
             status, content, seconds = client.request(kind.method, kind.path, body)
@@ -620,7 +654,7 @@ def measure(
     wall = time.monotonic() - started
     if made:
         assert cold_node is not None
-        toggle_reservation(client, cold_node, made)
+        toggle_reservation(client, cold_node, made)  # left as found, not counted
     server_cpu = process_cpu_seconds(server) - cpu_before
     ours = server_cpu + process_cpu_seconds(own) - own_before
     other = max(0.0, busy_seconds() - busy_before - ours)
@@ -774,7 +808,12 @@ def machine() -> dict[str, Any]:
     }
 
 
-LABELS = {"healthz": "GET /healthz", "empty": "placement, 0 candidates"}
+LABELS = {
+    "healthz": "GET /healthz",
+    "empty": "placement, 0 candidates",
+    "reserve": "POST /v1/reservations",
+    "release": "DELETE /v1/reservations/{id}",
+}
 
 
 def table(phase: dict[str, Any]) -> str:

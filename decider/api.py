@@ -23,6 +23,7 @@ from pydantic_core import to_json
 from decider import power_capping, shedding
 from decider import profiles as profile_ranking
 from decider.facility import DomainRef
+from decider.json_body_route import JSONBodyRoute
 from decider.models import (
     HoldRequest,
     PlacementRequest,
@@ -105,11 +106,6 @@ def create_app(service: Service) -> FastAPI:
 
     # --- placement ----------------------------------------------------------------------------
 
-    @app.post(
-        "/v1/placements",
-        response_model=PlacementResponse,
-        summary="Judge a replica against candidate nodes: allowed, ordered, with reasons",
-    )
     async def placements(body: PlacementRequest) -> Response:
         view = service.state.view()
         if body.profiles is not None:
@@ -121,6 +117,17 @@ def create_app(service: Service) -> FastAPI:
         )
         record_placement(body.replica, answer.summary, answer.order, answer.refusals)
         return Response(answer.body, media_type="application/json")
+
+    # The body parsed by pydantic-core in one step (decider.json_body_route); the OpenAPI
+    # document and the answers to a bad body are FastAPI's.
+    app.router.add_api_route(
+        "/v1/placements",
+        placements,
+        methods=["POST"],
+        response_model=PlacementResponse,
+        summary="Judge a replica against candidate nodes: allowed, ordered, with reasons",
+        route_class_override=JSONBodyRoute,
+    )
 
     def placement_with_profiles(view: View, body: PlacementRequest) -> Response:
         """Alternative profiles offered: each judged by `decide` (decider.placement.

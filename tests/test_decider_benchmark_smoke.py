@@ -110,12 +110,22 @@ def test_a_quick_run_end_to_end(bench, tmp_path, capsys):
     assert result["settings"]["sizes"] == [8, 32]
     assert result["server"]["pid_alive_at_end"]
     assert set(result["phases"]) == {"warm", "cold"}
-    for phase in result["phases"].values():
-        assert set(phase["kinds"]) == {"healthz", "empty", "8", "32"}
-        for figures in phase["kinds"].values():
+    placements = {"healthz", "empty", "8", "32"}
+    for name, phase in result["phases"].items():
+        # The cold phase times the reservation made or released before each request too.
+        toggles = {"reserve", "release"} if name == "cold" else set()
+        assert set(phase["kinds"]) == placements | toggles
+        for kind in placements:
+            figures = phase["kinds"][kind]
             assert figures["statuses"] == [200]
             assert figures["requests"] == 5
             assert 0 < figures["latency_ms"]["p50"] <= figures["latency_ms"]["p99"]
+        for kind, status in (("reserve", 201), ("release", 204)):
+            if kind in toggles:
+                figures = phase["kinds"][kind]
+                assert figures["statuses"] == [status]
+                assert figures["requests"] == 10  # one before each of 5 rounds × 4 requests
+                assert figures["server_cpu_ms"]["mean"] > 0
         assert phase["kinds"]["32"]["decisions_per_s"] > 0
         assert phase["kinds"]["empty"]["ratio"]["empty_p50"] == 1.0
     answer = result["answers"]["32"]
@@ -127,3 +137,4 @@ def test_a_quick_run_end_to_end(bench, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "placement, 32 candidates" in printed
     assert "cold view" in printed
+    assert "POST /v1/reservations" in printed

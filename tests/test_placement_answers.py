@@ -178,8 +178,8 @@ def test_entries_carry_over_a_reservation_only_where_nothing_they_read_changed(
 
 
 def test_a_view_after_a_reservation_takes_the_entries_over_in_bulk(tmp_path: Path) -> None:
-    # Made when the shape is first asked about (here with no candidates), before any
-    # candidate needs it: the earlier shape's entries less the reserved rack's nodes.
+    # Made by the change (answers.prepare), before any placement asks: the earlier shape's
+    # entries, less the reserved rack's nodes, which are worked out again.
     site = new_site(tmp_path)
     rep = SHAPES[0]
     before = site.view()
@@ -187,16 +187,19 @@ def test_a_view_after_a_reservation_takes_the_entries_over_in_bulk(tmp_path: Pat
     old = answers.shape(before, rep).entries
     assert site.reserve("r5-1", rep).reservation is not None
     after = site.view()
-    assert_as_decide(after, rep, [])
     taken = answers.shape(after, rep).entries
-    assert {"r5-1", "r5-2", "r5-3"}.isdisjoint(taken)
-    assert taken and all(taken[node] is old[node] for node in taken)
+    redone = {"r5-1", "r5-2", "r5-3"}
+    assert set(taken) == set(old)
+    assert all((taken[node] is old[node]) == (node not in redone) for node in taken)
+    assert_as_decide(after, rep, [])
     assert_as_decide(after, rep, CANDIDATES)
     # A hold on the row of racks r1 and r2 changes its refusals: its nodes are dropped.
     site.state.hold(DomainRef("row", "1"), "test")
     held = site.view()
+    row = {"r1-1", "r1-2", "r1-3", "r2-1"}
+    now = answers.shape(held, rep).entries
+    assert all((now[node] is taken[node]) == (node not in row) for node in row | {"r3-1"})
     assert_as_decide(held, rep, [])
-    assert {"r1-1", "r1-2", "r1-3", "r2-1"}.isdisjoint(answers.shape(held, rep).entries)
     assert_as_decide(held, rep, CANDIDATES)
 
 
@@ -402,3 +405,104 @@ def test_writes_during_a_refresh_are_in_the_view_swapped_in_which_keeps_its_entr
     now = answers.shape(view, SHAPES[0]).entries
     assert all(now[node] is kept[node] for node in ("r1-1", "r1-2", "r1-3"))
     assert all(now[node] is not kept[node] for node in ("r2-1", "r2-2", "r5-1"))
+
+
+# --- a change prepares the next placement's shapes (answers.prepare) -------------------------
+
+
+def test_a_change_prepares_the_shapes_asked_about_lately(tmp_path: Path) -> None:
+    site = new_site(tmp_path)
+    asked, other = SHAPES[0], SHAPES[1]
+    assert_as_decide(site.view(), asked, CANDIDATES)
+    assert_as_decide(site.view(), other, CANDIDATES)
+    old = answers.shape(site.view(), asked).entries
+    assert site.reserve("r5-1", asked).reservation is not None
+    after = site.view()
+    made = after.__dict__[answers.CACHE]  # before any placement on the new View
+    assert set(made) == {asked, other}
+    taken = made[asked].entries  # in bulk, the reserved rack's nodes worked out again
+    assert set(taken) == set(old)
+    redone = {"r5-1", "r5-2", "r5-3"}
+    assert all((taken[node] is old[node]) == (node not in redone) for node in taken)
+    assert_as_decide(after, asked, CANDIDATES)
+    # Only `asked` is asked from now on: `other` is prepared for PREPARED_IDLE changes more.
+    rack = DomainRef("rack", "r3")
+    for number in range(answers.PREPARED_IDLE + 1):
+        if number % 2 == 0:
+            site.state.hold(rack, "test")
+        else:
+            site.state.release_hold(rack)
+        assert (other in site.view().__dict__[answers.CACHE]) == (
+            number + 2 <= answers.PREPARED_IDLE
+        )
+        assert_as_decide(site.view(), asked, CANDIDATES[:2])
+    cache = site.view().__dict__[answers.CACHE]
+    assert asked in cache and other not in cache
+    assert_as_decide(site.view(), other, CANDIDATES)  # made when asked, from its lineage
+
+
+def test_fill_keeps_the_views_it_reads_while_a_change_cuts_the_chain(tmp_path: Path) -> None:
+    # `prepare` runs in the mutating request's thread and cuts a shape's chain of earlier
+    # Views while a placement on the event loop's thread may be filling a shape from it.
+    site = new_site(tmp_path)
+    rep = SHAPES[0]
+    assert_as_decide(site.view(), rep, CANDIDATES)
+    assert site.reserve("r5-1", rep).reservation is not None
+    view = site.view()
+    made = answers.shape(view, rep)
+    assert made.previous is not None and made.previous_view is not None
+    earlier = weakref.ref(made.previous_view)
+    name = "r1-1"  # its state did not change: carried over from the View before
+    carried = made.entries.pop(name)
+
+    class CutMeanwhile(list[str]):
+        def __iter__(self) -> Any:
+            # What a change on another thread does: the chain cut, the View before gone.
+            made.previous_view = None
+            view.__dict__[answers.LINEAGE].pop(rep)
+            gc.collect()
+            assert earlier() is not None  # fill holds it while it reads it
+            return super().__iter__()
+
+    made.fill(CutMeanwhile([name]))
+    assert made.entries[name] is carried
+    assert earlier() is None  # freed once fill is done
+    assert_as_decide(view, rep, CANDIDATES)
+
+
+def test_index_texts_spell_every_index() -> None:
+    texts = answers._index_texts(5_000)
+    assert len(texts) >= 5_000
+    assert all(texts[index] == str(index).encode() for index in range(5_000))
+    assert answers._index_texts(10) is texts  # grown only when a request needs more
+
+
+def test_a_change_leaves_its_view_out_of_the_collectors_young_generations(
+    tmp_path: Path,
+) -> None:
+    # A collection would otherwise walk the new View's dicts again and again (State._build).
+    site = new_site(tmp_path)
+    rep = SHAPES[0]
+    assert_as_decide(site.view(), rep, CANDIDATES)
+    assert site.reserve("r5-1", rep).reservation is not None
+    view = site.view()
+    made = (view.__dict__["_nodes"], answers.shape(view, rep).entries)
+    young = {id(found) for generation in range(3) for found in gc.get_objects(generation)}
+    assert not any(id(mine) in young for mine in made)
+    assert gc.get_freeze_count() > 0
+
+
+def test_a_change_that_redoes_many_nodes_leaves_them_to_the_placements(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A hold on the site changes every node's refusals: past PREPARED_NODES, the change
+    # leaves them to the placements that ask (monkeypatched down to this small site).
+    monkeypatch.setattr(answers, "PREPARED_NODES", 4)
+    site = new_site(tmp_path)
+    rep = SHAPES[0]
+    assert_as_decide(site.view(), rep, CANDIDATES)
+    site.state.hold(DomainRef("rack", "r1"), "test")  # 3 nodes: worked out by the change
+    assert {"r1-1", "r1-2", "r1-3"} <= set(answers.shape(site.view(), rep).entries)
+    site.state.hold(DomainRef("site", "s"), "test")  # every node
+    assert not set(NODES) & set(answers.shape(site.view(), rep).entries)
+    assert_as_decide(site.view(), rep, CANDIDATES)

@@ -352,9 +352,12 @@ class View:
             for ref in touched:
                 if ref.kind in FINE_KINDS:
                     stale.update(members.get(ref, ()))
-            mine["_nodes"] = {
-                name: state for name, state in cache["_nodes"].items() if name not in stale
-            }
+            # A copy, then the stale taken out: one C call that reads none of the 10,000
+            # names (a comprehension costs a reservation milliseconds), and whole under the
+            # GIL while a placement may be adding a node's state on another thread.
+            kept = mine["_nodes"] = dict(cache["_nodes"])
+            for name in stale:
+                kept.pop(name, None)
         # Placement answers (decider.placement.answers): entries that still hold carry over.
         from decider.placement import answers
 
