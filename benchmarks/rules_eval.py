@@ -1105,7 +1105,11 @@ def run_size(
         } | {f"{baseline};{BASELINE_EMPTY}"}
         measure_from = live_from + warmup_s
         counters: dict[str, float] = {}
-        deadline = measure_from + (evaluations + 3) * EVALUATION_INTERVAL_S + 60
+        intervals = {
+            rule["group"]: rule["interval_s"] for rule in load_rules([*rule_files, baseline])
+        }
+        slowest = max([EVALUATION_INTERVAL_S, *intervals.values()])
+        deadline = measure_from + (evaluations + 3) * slowest + 60
         while True:
             if not (generator.alive() and prom.alive()):
                 raise RuntimeError(f"a server exited:\n{generator.tail()}\n{prom.tail()}")
@@ -1162,6 +1166,7 @@ def run_size(
             if file.is_relative_to(rules_root)
             else file.name,
             "rules": len(rule_evals[0]) if rule_evals else 0,
+            "interval_s": intervals.get(name, EVALUATION_INTERVAL_S),
             "evaluations": len(evals),
             "duration_ms": _stats_ms([e["duration_s"] for e in evals]),
             "durations_ms": [e["duration_s"] * 1e3 for e in evals],
@@ -1243,6 +1248,16 @@ def totals(groups: dict[str, Any], evaluations: int) -> dict[str, Any]:
         for i in range(min(len(g["durations_ms"]) for g in ours.values()))
     ]
     fixed = sum(empty + per_rule * g["rules"] for g in ours.values())
+
+    def share(net: bool) -> float:
+        """Of the time, the part rule evaluation takes: each group's duration over its
+        interval, summed (a group every 1m costs half what it would every 30 s)."""
+        return sum(
+            max(0.0, g["duration_ms"]["median"] - (empty + per_rule * g["rules"] if net else 0))
+            / (g.get("interval_s", EVALUATION_INTERVAL_S) * 1e3)
+            for g in ours.values()
+        )
+
     return {
         "groups": len(ours),
         "rules": sum(g["rules"] for g in ours.values()),
@@ -1256,6 +1271,10 @@ def totals(groups: dict[str, Any], evaluations: int) -> dict[str, Any]:
         "fixed_overhead_ms": fixed,
         "net_sum_of_medians_ms": sum(g["duration_ms"]["median"] for g in ours.values()) - fixed,
         "samples_written": sum(g["samples"] for g in ours.values()),
+        "share_of_time": share(net=False),
+        "net_share_of_time": share(net=True),
+        # The same share as milliseconds in every 30 s: what the target's 300 ms is held to.
+        "ms_per_interval": share(net=False) * EVALUATION_INTERVAL_S * 1e3,
         "evaluations_per_group": evaluations,
     }
 
@@ -1316,6 +1335,7 @@ def compare(sizes: list[dict[str, Any]]) -> dict[str, Any] | None:
         "node_ratio": node_ratio,
         "gross_ratio": ratio("sum_of_medians_ms"),
         "net_ratio": ratio("net_sum_of_medians_ms"),
+        "net_share_ratio": ratio("net_share_of_time"),
         "per_group_ratio": {
             name: (
                 large["groups"][name]["duration_ms"]["median"]
@@ -1332,20 +1352,23 @@ def targets(sizes: list[dict[str, Any]], comparison: dict[str, Any] | None) -> d
     at = [s for s in sizes if s["nodes"] >= TARGET_NODES]
     if at:
         size = at[0]
-        value = size["totals"]["per_evaluation_median_ms"]
+        # Groups at longer intervals count for their share of the time: the sum of each
+        # group's median duration over its interval, as ms per 30 s (docs/benchmarks.md).
+        value = size["totals"]["ms_per_interval"]
         out["total_ms_per_evaluation"] = {
             "nodes": size["nodes"],
             "value": value,
             "max": MAX_TOTAL_MS,
             "met": value <= MAX_TOTAL_MS,
+            "per_round_median_ms": size["totals"]["per_evaluation_median_ms"],
             "worst_evaluation_ms": size["totals"]["per_evaluation_max_ms"],
         }
     if comparison is not None:
         limit = comparison["node_ratio"] * GROWTH_ALLOWANCE
         out["growth_at_most_linear"] = {
-            "value": comparison["net_ratio"],
+            "value": comparison["net_share_ratio"],
             "max": limit,
-            "met": comparison["net_ratio"] <= limit,
+            "met": comparison["net_share_ratio"] <= limit,
             "node_ratio": comparison["node_ratio"],
         }
     failing = [
@@ -1385,7 +1408,8 @@ def table(result: dict[str, Any]) -> str:
             for s in sizes
         ]
         first, last = sizes[0]["groups"][name], sizes[-1]["groups"][name]
-        label = f"{name} ({last['rules']} rules), ms median / max"
+        every = last.get("interval_s", EVALUATION_INTERVAL_S)
+        label = f"{name} ({last['rules']} rules, every {every:g} s), ms median / max"
         row(label, cells, ratio_of(first["duration_ms"]["median"], last["duration_ms"]["median"]))
     t = [s["totals"] for s in sizes]
     row(
@@ -1396,6 +1420,11 @@ def table(result: dict[str, Any]) -> str:
     row(
         "all project groups per evaluation, median / max (ms)",
         [f"{x['per_evaluation_median_ms']:.1f} / {x['per_evaluation_max_ms']:.1f}" for x in t],
+    )
+    row(
+        "share of the time: sum of median / interval, as ms per 30 s",
+        [f"{x['ms_per_interval']:.1f} ({100 * x['share_of_time']:.2f} %)" for x in t],
+        ratio_of(t[0]["net_share_of_time"], t[-1]["net_share_of_time"]) + " net",
     )
     row(
         "net of fixed overhead, sum of medians (ms)",
@@ -1493,7 +1522,8 @@ def report(result: dict[str, Any]) -> str:
         c = result["comparison"]
         lines.append(
             f"growth {c['from_nodes']} -> {c['to_nodes']} nodes (x{c['node_ratio']:g}):"
-            f" x{c['gross_ratio']:.2f} gross, x{c['net_ratio']:.2f} net of fixed overhead"
+            f" x{c['gross_ratio']:.2f} gross, x{c['net_ratio']:.2f} net of fixed overhead;"
+            f" share of the time x{c['net_share_ratio']:.2f} net"
         )
     for name, target in result["targets"].items():
         mark = "met" if target["met"] else "MISSED"
