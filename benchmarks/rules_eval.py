@@ -1468,10 +1468,12 @@ def table(result: dict[str, Any]) -> str:
 
 def report(result: dict[str, Any]) -> str:
     m = result["machine"]
+    fleet = "energy fleet" if result["settings"].get("energy_fleet") else "no BMC, no units"
     lines = [
         f"machine: {m['cpu_model']}, {m['logical_cpus']} logical CPUs, {m['memory_gib']} GiB;"
         f" {m['kernel']}; {m['prometheus']}",
-        f"scrape every {SCRAPE_INTERVAL_S} s, groups every {EVALUATION_INTERVAL_S} s;"
+        f"scrape every {SCRAPE_INTERVAL_S} s, groups at their own interval (default"
+        f" {EVALUATION_INTERVAL_S} s); {fleet};"
         f" warm-up {result['settings']['warmup_s']:.0f} s live, then"
         f" {result['settings']['evaluations']} evaluations of every group",
         "rule files (sha256): "
