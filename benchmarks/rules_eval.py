@@ -102,6 +102,15 @@ GPU_MODEL = "NVIDIA H100 80GB HBM3"
 THROTTLE_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "power_brake")
 SLOWDOWN_C = 87.0
 SOURCES = ("gpu", "hwmon", "rapl")
+#: The energy fleet's (the default): every node also has a BMC read over IPMI and compute units.
+ENERGY_SOURCES = ("ipmi", "units")
+#: Compute units per node on the energy fleet, each holding GPUS_PER_UNIT whole GPUs, so a
+#: unit holds every GPU: what rules/energy.yml costs when it splits every node.
+UNITS_PER_NODE, GPUS_PER_UNIT = 4, 2
+UNIT_MODEL, UNIT_PROFILE = "llama-70b", "tp2"
+#: The replicas' token counter (rules/energy.yml reads it by this name), served on the node's
+#: page with `node` and `unit`, as a site relabels its replicas' own endpoint.
+TOKENS = "llmgw_replica_tokens_total"
 #: What a rack runs like, by rack index modulo 16; the others are ok.
 RACK_SCENARIOS = {
     1: "hot_inlet",  # inlet >= 32 °C: hot
@@ -132,16 +141,18 @@ class Node:
     scenario: str
     hwmon_down: bool
     uuids: tuple[str, ...]
+    energy: bool = True  # a BMC reading and compute units (ENERGY_SOURCES)
 
     @property
     def pdus(self) -> tuple[str, str]:
         return (f"{self.rack}-a", f"{self.rack}-b")
 
 
-def topology(nodes: int) -> list[Node]:
+def topology(nodes: int, energy: bool = True) -> list[Node]:
     """`nodes` nodes in racks of 8, rows of 10 racks, the first half of the rows in one
     room, the rest in the other, one site. Names like the docs': node `gpu-r03-07-02`
-    in rack `r03-07`, row `hall-a.03`."""
+    in rack `r03-07`, row `hall-a.03`. `energy`: every node with a BMC reading and
+    compute units on all its GPUs."""
     racks = math.ceil(nodes / NODES_PER_RACK)
     rows = math.ceil(racks / RACKS_PER_ROW)
     rows_in_first_room = math.ceil(rows / len(ROOMS))
@@ -167,6 +178,7 @@ def topology(nodes: int) -> list[Node]:
                     f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'llmgw-rules-bench/{name}/{gpu}')}"
                     for gpu in range(GPUS_PER_NODE)
                 ),
+                energy=energy,
             )
         )
     return fleet
@@ -307,17 +319,20 @@ def node_samples(
         for labels in packages:
             value = round(25.0 * (t - ENERGY_EPOCH), 6)
             yield "llmgw_node_dram_energy_joules_total", labels, value
+    sources = (*SOURCES, *ENERGY_SOURCES) if node.energy else SOURCES
+    if node.energy:
+        yield from _energy_samples(node, t, powers, jitter, want)
     if want("llmgw_exporter_source_up"):
-        for source in SOURCES:
+        for source in sources:
             up = 0.0 if source == "hwmon" and node.hwmon_down else 1.0
             yield "llmgw_exporter_source_up", f'source="{source}"', up
     if want("llmgw_exporter_source_duration_seconds"):
-        for source in SOURCES:
+        for source in sources:
             value = 0.004 + jitter(0.002)
             yield "llmgw_exporter_source_duration_seconds", f'source="{source}"', value
     if want("llmgw_exporter_source_last_success_timestamp_seconds"):
         polled = math.floor(t / 5) * 5 + 0.004  # sources poll every 5 s
-        for source in SOURCES:
+        for source in sources:
             value = down_since if source == "hwmon" and node.hwmon_down else polled
             yield (
                 "llmgw_exporter_source_last_success_timestamp_seconds",
@@ -326,8 +341,57 @@ def node_samples(
             )
 
 
+def _energy_samples(
+    node: Node,
+    t: float,
+    gpu_powers: list[float],
+    jitter: Any,
+    want: Any,
+) -> Iterator[tuple[str, str, float]]:
+    """The BMC reading (GPUs included, declared) and the compute units: UNITS_PER_NODE
+    units, each on GPUS_PER_UNIT whole GPUs, with CPU time, memory and tokens."""
+    if want("llmgw_node_power_watts"):
+        host = 2 * 180.0 + 2 * 25.0 + 250.0  # packages, DRAM, what no sensor sees
+        value = round(sum(gpu_powers) + host + jitter(40), 1)  # DCMI: whole watts or so
+        yield "llmgw_node_power_watts", 'source="ipmi"', value
+    if want("llmgw_node_power_includes_gpus"):
+        yield "llmgw_node_power_includes_gpus", 'source="ipmi"', 1.0
+    units = [f"r{index}" for index in range(UNITS_PER_NODE)]
+    if want("llmgw_unit_info"):
+        for unit in units:
+            labels = f'unit="{unit}",model="{UNIT_MODEL}",profile="{UNIT_PROFILE}"'
+            yield "llmgw_unit_info", labels, 1.0
+    if want("llmgw_unit_cpu_seconds_total"):
+        for index, unit in enumerate(units):  # 6 to 9 busy cores each
+            value = round((6.0 + index) * (t - ENERGY_EPOCH), 6)
+            yield "llmgw_unit_cpu_seconds_total", f'unit="{unit}"', value
+    if want("llmgw_unit_memory_bytes"):
+        for index, unit in enumerate(units):
+            value = float((40 + 4 * index) * 2**30 + 4096 * int(1000 * (1 + jitter(1))))
+            yield "llmgw_unit_memory_bytes", f'unit="{unit}"', value
+    if want("llmgw_unit_gpu_share"):
+        for index, unit in enumerate(units):
+            for uid in node.uuids[index * GPUS_PER_UNIT : (index + 1) * GPUS_PER_UNIT]:
+                yield "llmgw_unit_gpu_share", f'unit="{unit}",uuid="{uid}",gpu_instance=""', 1.0
+    if want("llmgw_node_cpu_seconds_total"):
+        busy = sum(6.0 + index for index in range(UNITS_PER_NODE)) + 2.0  # and the host's own
+        yield "llmgw_node_cpu_seconds_total", "", round(busy * (t - ENERGY_EPOCH), 2)
+    if want("llmgw_node_memory_used_bytes"):
+        yield (
+            "llmgw_node_memory_used_bytes",
+            "",
+            float(220 * 2**30 + 4096 * int(1000 * (1 + jitter(1)))),
+        )
+    if want(TOKENS):
+        for index, unit in enumerate(units):
+            value = float(math.floor((1500 + 100 * index) * (t - ENERGY_EPOCH)))
+            yield TOKENS, f'unit="{unit}"', value
+
+
 #: Families as the exporter's prometheus_client writes them: TYPE name of a counter ends in _total.
 FAMILIES = tuple(METRICS)
+#: HELP and TYPE of the one family that is not the exporter's (the replicas' counter).
+OTHER_FAMILIES = {TOKENS: ("counter", "Tokens the replica generated (the replica's own counter).")}
 
 
 def exposition(node: Node, t: float, rng: random.Random, down_since: float) -> str:
@@ -337,9 +401,13 @@ def exposition(node: Node, t: float, rng: random.Random, down_since: float) -> s
     current = ""
     for name, labels, value in node_samples(node, t, rng, down_since):
         if name != current:
-            spec = METRICS[name]
-            lines.append(f"# HELP {name} {spec.help}")
-            lines.append(f"# TYPE {name} {spec.type}")
+            kind, help_ = (
+                (METRICS[name].type, METRICS[name].help)
+                if name in METRICS
+                else OTHER_FAMILIES[name]
+            )
+            lines.append(f"# HELP {name} {help_}")
+            lines.append(f"# TYPE {name} {kind}")
             current = name
         sep = "," if labels else ""
         lines.append(f'{name}{{{labels}{sep}node="{node.name}"}} {value!r}')
@@ -362,8 +430,8 @@ def exposition(node: Node, t: float, rng: random.Random, down_since: float) -> s
 class Generator:
     """Serves `GET /metrics/<node>` for every node of the fleet."""
 
-    def __init__(self, nodes: int, down_since: float, seed: int = 1) -> None:
-        self.fleet = topology(nodes)
+    def __init__(self, nodes: int, down_since: float, seed: int = 1, energy: bool = True) -> None:
+        self.fleet = topology(nodes, energy)
         self.by_name = {node.name: node for node in self.fleet}
         self.down_since = down_since
         self.rng = random.Random(seed)
@@ -417,14 +485,14 @@ def serving(generator: Generator, port: int = 0) -> Iterator[int]:
         thread.join(timeout=10)
 
 
-def serve_forever(nodes: int, down_since: float) -> int:
+def serve_forever(nodes: int, down_since: float, energy: bool = True) -> int:
     """The generator process: prints its port on the first line of stdout, serves until
     SIGTERM."""
     import signal
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with serving(Generator(nodes, down_since)) as port:
+    with serving(Generator(nodes, down_since, energy=energy)) as port:
         print(port, flush=True)
         sys.stdout.close()
         stop.wait()
@@ -491,7 +559,9 @@ class Proc:
 
 
 @contextmanager
-def generator_process(nodes: int, down_since: float, workdir: Path) -> Iterator[tuple[Proc, int]]:
+def generator_process(
+    nodes: int, down_since: float, workdir: Path, energy: bool = True
+) -> Iterator[tuple[Proc, int]]:
     argv = [
         sys.executable,
         str(Path(__file__).resolve()),
@@ -499,6 +569,7 @@ def generator_process(nodes: int, down_since: float, workdir: Path) -> Iterator[
         str(nodes),
         "--down-since",
         repr(down_since),
+        *([] if energy else ["--no-energy"]),
     ]
     proc = Proc("generator", argv, workdir / "generator.log")
     try:
@@ -1001,10 +1072,11 @@ def run_size(
     rule_files: list[Path],
     rules_root: Path = REPO,
     log: Any = print,
+    energy: bool = True,
 ) -> dict[str, Any]:
     """Backfill, start the generator and Prometheus, warm up, measure; the figures of one
     size."""
-    fleet = topology(nodes)
+    fleet = topology(nodes, energy)
     rules = load_rules(rule_files)
     plan = plan_backfill(rules, warmup_s)
     started = time.monotonic()
@@ -1022,7 +1094,7 @@ def run_size(
         backfilled = backfill(tmp, data, fleet, rules, plan, now, down_since)
         baseline = tmp / BASELINE_FILE
         baseline.write_text(yaml.safe_dump(baseline_rules(), sort_keys=False))
-        generator, port = stack.enter_context(generator_process(nodes, down_since, tmp))
+        generator, port = stack.enter_context(generator_process(nodes, down_since, tmp, energy))
         config = prometheus_config(port, fleet, [*rule_files, baseline])
         prom, url = stack.enter_context(prometheus(tmp, data, config))
         live_from = time.time()
@@ -1033,7 +1105,11 @@ def run_size(
         } | {f"{baseline};{BASELINE_EMPTY}"}
         measure_from = live_from + warmup_s
         counters: dict[str, float] = {}
-        deadline = measure_from + (evaluations + 3) * EVALUATION_INTERVAL_S + 60
+        intervals = {
+            rule["group"]: rule["interval_s"] for rule in load_rules([*rule_files, baseline])
+        }
+        slowest = max([EVALUATION_INTERVAL_S, *intervals.values()])
+        deadline = measure_from + (evaluations + 3) * slowest + 60
         while True:
             if not (generator.alive() and prom.alive()):
                 raise RuntimeError(f"a server exited:\n{generator.tail()}\n{prom.tail()}")
@@ -1090,6 +1166,7 @@ def run_size(
             if file.is_relative_to(rules_root)
             else file.name,
             "rules": len(rule_evals[0]) if rule_evals else 0,
+            "interval_s": intervals.get(name, EVALUATION_INTERVAL_S),
             "evaluations": len(evals),
             "duration_ms": _stats_ms([e["duration_s"] for e in evals]),
             "durations_ms": [e["duration_s"] * 1e3 for e in evals],
@@ -1171,6 +1248,16 @@ def totals(groups: dict[str, Any], evaluations: int) -> dict[str, Any]:
         for i in range(min(len(g["durations_ms"]) for g in ours.values()))
     ]
     fixed = sum(empty + per_rule * g["rules"] for g in ours.values())
+
+    def share(net: bool) -> float:
+        """Of the time, the part rule evaluation takes: each group's duration over its
+        interval, summed (a group every 1m costs half what it would every 30 s)."""
+        return sum(
+            max(0.0, g["duration_ms"]["median"] - (empty + per_rule * g["rules"] if net else 0))
+            / (g.get("interval_s", EVALUATION_INTERVAL_S) * 1e3)
+            for g in ours.values()
+        )
+
     return {
         "groups": len(ours),
         "rules": sum(g["rules"] for g in ours.values()),
@@ -1184,6 +1271,10 @@ def totals(groups: dict[str, Any], evaluations: int) -> dict[str, Any]:
         "fixed_overhead_ms": fixed,
         "net_sum_of_medians_ms": sum(g["duration_ms"]["median"] for g in ours.values()) - fixed,
         "samples_written": sum(g["samples"] for g in ours.values()),
+        "share_of_time": share(net=False),
+        "net_share_of_time": share(net=True),
+        # The same share as milliseconds in every 30 s: what the target's 300 ms is held to.
+        "ms_per_interval": share(net=False) * EVALUATION_INTERVAL_S * 1e3,
         "evaluations_per_group": evaluations,
     }
 
@@ -1244,6 +1335,7 @@ def compare(sizes: list[dict[str, Any]]) -> dict[str, Any] | None:
         "node_ratio": node_ratio,
         "gross_ratio": ratio("sum_of_medians_ms"),
         "net_ratio": ratio("net_sum_of_medians_ms"),
+        "net_share_ratio": ratio("net_share_of_time"),
         "per_group_ratio": {
             name: (
                 large["groups"][name]["duration_ms"]["median"]
@@ -1260,20 +1352,23 @@ def targets(sizes: list[dict[str, Any]], comparison: dict[str, Any] | None) -> d
     at = [s for s in sizes if s["nodes"] >= TARGET_NODES]
     if at:
         size = at[0]
-        value = size["totals"]["per_evaluation_median_ms"]
+        # Groups at longer intervals count for their share of the time: the sum of each
+        # group's median duration over its interval, as ms per 30 s (docs/benchmarks.md).
+        value = size["totals"]["ms_per_interval"]
         out["total_ms_per_evaluation"] = {
             "nodes": size["nodes"],
             "value": value,
             "max": MAX_TOTAL_MS,
             "met": value <= MAX_TOTAL_MS,
+            "per_round_median_ms": size["totals"]["per_evaluation_median_ms"],
             "worst_evaluation_ms": size["totals"]["per_evaluation_max_ms"],
         }
     if comparison is not None:
         limit = comparison["node_ratio"] * GROWTH_ALLOWANCE
         out["growth_at_most_linear"] = {
-            "value": comparison["net_ratio"],
+            "value": comparison["net_share_ratio"],
             "max": limit,
-            "met": comparison["net_ratio"] <= limit,
+            "met": comparison["net_share_ratio"] <= limit,
             "node_ratio": comparison["node_ratio"],
         }
     failing = [
@@ -1313,7 +1408,8 @@ def table(result: dict[str, Any]) -> str:
             for s in sizes
         ]
         first, last = sizes[0]["groups"][name], sizes[-1]["groups"][name]
-        label = f"{name} ({last['rules']} rules), ms median / max"
+        every = last.get("interval_s", EVALUATION_INTERVAL_S)
+        label = f"{name} ({last['rules']} rules, every {every:g} s), ms median / max"
         row(label, cells, ratio_of(first["duration_ms"]["median"], last["duration_ms"]["median"]))
     t = [s["totals"] for s in sizes]
     row(
@@ -1324,6 +1420,11 @@ def table(result: dict[str, Any]) -> str:
     row(
         "all project groups per evaluation, median / max (ms)",
         [f"{x['per_evaluation_median_ms']:.1f} / {x['per_evaluation_max_ms']:.1f}" for x in t],
+    )
+    row(
+        "share of the time: sum of median / interval, as ms per 30 s",
+        [f"{x['ms_per_interval']:.1f} ({100 * x['share_of_time']:.2f} %)" for x in t],
+        ratio_of(t[0]["net_share_of_time"], t[-1]["net_share_of_time"]) + " net",
     )
     row(
         "net of fixed overhead, sum of medians (ms)",
@@ -1367,10 +1468,12 @@ def table(result: dict[str, Any]) -> str:
 
 def report(result: dict[str, Any]) -> str:
     m = result["machine"]
+    fleet = "energy fleet" if result["settings"].get("energy_fleet") else "no BMC, no units"
     lines = [
         f"machine: {m['cpu_model']}, {m['logical_cpus']} logical CPUs, {m['memory_gib']} GiB;"
         f" {m['kernel']}; {m['prometheus']}",
-        f"scrape every {SCRAPE_INTERVAL_S} s, groups every {EVALUATION_INTERVAL_S} s;"
+        f"scrape every {SCRAPE_INTERVAL_S} s, groups at their own interval (default"
+        f" {EVALUATION_INTERVAL_S} s); {fleet};"
         f" warm-up {result['settings']['warmup_s']:.0f} s live, then"
         f" {result['settings']['evaluations']} evaluations of every group",
         "rule files (sha256): "
@@ -1421,7 +1524,8 @@ def report(result: dict[str, Any]) -> str:
         c = result["comparison"]
         lines.append(
             f"growth {c['from_nodes']} -> {c['to_nodes']} nodes (x{c['node_ratio']:g}):"
-            f" x{c['gross_ratio']:.2f} gross, x{c['net_ratio']:.2f} net of fixed overhead"
+            f" x{c['gross_ratio']:.2f} gross, x{c['net_ratio']:.2f} net of fixed overhead;"
+            f" share of the time x{c['net_share_ratio']:.2f} net"
         )
     for name, target in result["targets"].items():
         mark = "met" if target["met"] else "MISSED"
@@ -1483,6 +1587,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     poll_s=args.poll,
                     rule_files=snapshot.write(),
                     rules_root=snapshot.root,
+                    energy=args.energy,
                 )
             )
     finally:
@@ -1497,6 +1602,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "warmup_s": args.warmup,
             "evaluations": args.evaluations,
             "poll_s": args.poll,
+            "energy_fleet": args.energy,
             "scrape_interval_s": SCRAPE_INTERVAL_S,
             "evaluation_interval_s": EVALUATION_INTERVAL_S,
             "rule_files_sha256": snapshot.sha256(),
@@ -1530,6 +1636,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--poll", type=float, default=5.0, help="seconds between reads (default 5)")
     parser.add_argument("--output", type=Path, default=RESULTS, help=f"JSON (default {RESULTS})")
     parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
+    parser.add_argument(
+        "--no-energy",
+        dest="energy",
+        action="store_false",
+        help="nodes without a BMC reading or compute units (the fleet of the runs before"
+        " 2026-12-01 12:00)",
+    )
     parser.add_argument("--serve-nodes", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--down-since", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -1548,7 +1661,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.serve_nodes is not None:
-        return serve_forever(args.serve_nodes, args.down_since)
+        return serve_forever(args.serve_nodes, args.down_since, args.energy)
     result = run(args)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2, default=str) + "\n")

@@ -45,27 +45,24 @@ def test_series_follow_the_metrics_contract(bench):
     for name, labels, _ in bench.node_samples(node, 1.8e9, random.Random(1), 0.0):
         keys = tuple(sorted(part.split("=", 1)[0] for part in labels.split(",") if part))
         seen.setdefault(name, set()).add(keys)
+    # The replicas' counter, with `node` and `unit` as rules/energy.yml reads it.
+    assert seen.pop(bench.TOKENS) == {("unit",)}
     for name, label_sets in seen.items():
         assert label_sets == {tuple(sorted(METRICS[name].labels))}, name
-    # Every family the exporter publishes, but for the BMC/PMC node power sources and the
-    # compute units, which this fleet does not have yet: the benchmark measures the domain
-    # and condition rules on GPU, hwmon and RAPL nodes (docs/benchmarks.md).
+    # Every family the exporter publishes, but for the Cray PMC's and the hwmon meter's
+    # (the energy fleet's node power is a BMC's, over IPMI), and the replicas' token counter.
     not_simulated = {
         "llmgw_node_component_power_watts",
-        "llmgw_node_cpu_seconds_total",
         "llmgw_node_energy_joules_total",
-        "llmgw_node_memory_used_bytes",
-        "llmgw_node_power_includes_gpus",
-        "llmgw_node_power_watts",
-        "llmgw_unit_cpu_seconds_total",
-        "llmgw_unit_gpu_share",
-        "llmgw_unit_info",
-        "llmgw_unit_memory_bytes",
     }
     assert set(seen) == set(METRICS) - not_simulated
     body = bench.exposition(node, 1.8e9, random.Random(1), 0.0)
     series = [line for line in body.splitlines() if not line.startswith("#")]
-    assert len(series) == 145  # 126, and 8 + 8 per-GPU and 3 per-node GPU figures
+    # 126, 8 + 8 per-GPU and 3 per-node GPU figures; the BMC (2), the units (4 units:
+    # 4 x 4 + 8 GPU shares, 2 node totals) and their 2 sources (6).
+    assert len(series) == 179
+    plain = bench.exposition(bench.topology(100, energy=False)[41], 1.8e9, random.Random(1), 0.0)
+    assert len([line for line in plain.splitlines() if not line.startswith("#")]) == 145
     if shutil.which("promtool"):
         check = subprocess.run(
             ["promtool", "check", "metrics"], input=body.encode(), capture_output=True, check=False
@@ -131,7 +128,9 @@ def test_whole_run_at_eight_nodes(bench, tmp_path, capsys):
     (size,) = result["sizes"]
     assert size["nodes"] == 8
     assert size["series"]["targets_up"] == 8
-    assert size["series"]["scraped_per_round"] == 8 * 145
+    assert size["series"]["scraped_per_round"] == 8 * 179
+    energy = size["groups"]["llmgw-energy.rules"]["per_rule"]
+    assert all(rule["health"] == ["ok"] for rule in energy)
     groups = size["groups"]
     assert {"llmgw-domain.rules", "llmgw-conditions.rules", "llmgw-domain.alerts"} <= set(groups)
     assert {bench.BASELINE_EMPTY, bench.BASELINE_TRIVIAL} <= set(groups)
