@@ -102,3 +102,15 @@ def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeNvml]:
 
 
 # --- end fake NVML -----------------------------------------------------------------------------
+
+
+# --- BMC credentials (tests/fake_redfish) -------------------------------------------------------
+@pytest.fixture
+def credentials(tmp_path: pathlib.Path) -> pathlib.Path:
+    """The credentials file the fake Redfish BMC accepts (user, then password; mode 0600)."""
+    from tests.fake_redfish import PASSWORD, USER
+
+    path = tmp_path / "bmc-credentials"
+    path.write_text(f"{USER}\n{PASSWORD}\n")
+    path.chmod(0o600)
+    return path

@@ -40,14 +40,6 @@ def bmc() -> Iterator[FakeRedfish]:
     service.stop()
 
 
-@pytest.fixture
-def credentials(tmp_path: Path) -> Path:
-    path = tmp_path / "bmc-credentials"
-    path.write_text(f"{USER}\n{PASSWORD}\n")
-    path.chmod(0o600)
-    return path
-
-
 def make_source(
     url: str, credentials: Path | None, clock: FakeClock | None = None, **keys: object
 ) -> RedfishSource:

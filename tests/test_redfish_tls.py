@@ -19,7 +19,7 @@ import pytest
 
 from exporter.poller import SourceRunner
 from exporter.sources.redfish import RedfishConfig, RedfishSource
-from tests.fake_redfish import PASSWORD, USER, FakeRedfish
+from tests.fake_redfish import PASSWORD, FakeRedfish
 from tests.test_redfish import POWER, FakeClock, values
 
 OPENSSL_CONFIG = """\
@@ -77,14 +77,6 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         cwd=where,
     )  # fmt: skip
     return {"ca": ca, "other_ca": other_ca, "cert": where / "bmc.pem", "key": where / "bmc.key"}
-
-
-@pytest.fixture
-def credentials(tmp_path: Path) -> Path:
-    path = tmp_path / "bmc-credentials"
-    path.write_text(f"{USER}\n{PASSWORD}\n")
-    path.chmod(0o600)
-    return path
 
 
 @pytest.fixture
