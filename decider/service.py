@@ -17,6 +17,7 @@ from decider import facility as facility_file
 from decider.config import DeciderConfig
 from decider.decisions import DecisionLog
 from decider.facility import Facility
+from decider.giving_way import InFlight
 from decider.metrics import DecisionCounters, DomainCollector
 from decider.prometheus import Refresher
 from decider.shedding import Shedder, SheddingCollector
@@ -95,7 +96,14 @@ class Service:
         self.loaded = loaded
         config = loaded.config
         self.store = Store(config.database)
-        self.state = State(loaded.facility, self.store, config.reservation_ttl, config.staleness)
+        self.in_flight = InFlight()  # counted by the API's middleware (decider.giving_way)
+        self.state = State(
+            loaded.facility,
+            self.store,
+            config.reservation_ttl,
+            config.staleness,
+            pause=self.in_flight.pause,
+        )
         self.refreshed_once = False
         self.refresher = Refresher(
             config,
@@ -138,7 +146,10 @@ class Service:
         log.info("stopped; %s closed", self.store.path)
 
     def _on_refresh(self, snapshot: object) -> None:
-        self.state.set_snapshot(self.refresher.snapshot)
+        # The new View is worked out giving way to requests, for at most half a refresh
+        # interval in all: past it the refresh goes on regardless (decider.giving_way).
+        with self.in_flight.giving_way(self.loaded.config.refresh_interval / 2):
+            self.state.set_snapshot(self.refresher.snapshot)
         self.refreshed_once = True
 
     def _sweep(self) -> None:
