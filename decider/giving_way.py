@@ -7,11 +7,12 @@ and hands over only every switch interval, so a placement answered during a refr
 about twice its time: the 10,000-candidate placements' p99 was the refresh's
 (docs/benchmarks.md, "Where the time goes").
 
-So the refresher's long loops call `pause()` every PAUSE_EVERY items: while any request is
-in flight it waits, holding nothing, until none is. Each refresh may wait at most the limit
-`giving_way` is given, so that a decider never idle between requests still refreshes: past
-it, the rest of that refresh shares the interpreter as before. `pause()` does nothing on a
-thread that is not inside `giving_way`: a request's own thread must never wait for itself.
+So the refresher's long loops (parsing the answers, working out the View) call a pause every
+PAUSE_EVERY items: while any request is in flight it waits, holding nothing, until none is.
+A pause comes from `InFlight.budget`, one per piece of a refresh, and waits at most the
+budget's limit in all, so that a decider never idle between requests still refreshes: past
+it, the rest of that refresh shares the interpreter as before. Only background threads get
+one; a request's own thread must never wait for itself (it is in flight).
 
 The count is kept by an ASGI middleware (`CountInFlight`) on the event loop's thread, the
 only thread that changes it.
@@ -21,18 +22,23 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 #: Items (nodes, answer entries) a background loop works out between two pauses: about half
 #: a millisecond at 10,000 nodes, the most a request arriving meanwhile waits for it.
 PAUSE_EVERY = 32
+#: The share of the refresh interval each of a refresh's two pieces (parsing Prometheus'
+#: answers, working out the View) may wait for requests: at most half an interval in all.
+GIVE_WAY_SHARE = 0.25
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+Pause = Callable[[], None]
 
 
 class InFlight:
@@ -42,7 +48,6 @@ class InFlight:
         self._count = 0
         self._idle = threading.Event()
         self._idle.set()
-        self._local = threading.local()
         self.waited_s = 0.0  # in all, for the tests and the curious
 
     @property
@@ -59,27 +64,22 @@ class InFlight:
         if not self._count:
             self._idle.set()
 
-    @contextmanager
-    def giving_way(self, limit_s: float) -> Iterator[None]:
-        """On this thread, `pause()` waits for requests, at most `limit_s` in all."""
-        self._local.left = limit_s
-        try:
-            yield
-        finally:
-            self._local.left = 0.0
+    def budget(self, limit_s: float) -> Pause:
+        """A pause for one piece of background work (one refresh): each call waits while
+        requests are in flight, all of them together at most `limit_s`."""
+        left = limit_s
 
-    def pause(self) -> None:
-        """Wait while requests are in flight (inside `giving_way` only, within its limit)."""
-        if not self._count:
-            return
-        left = getattr(self._local, "left", 0.0)
-        if left <= 0.0:
-            return
-        start = time.monotonic()
-        self._idle.wait(left)
-        waited = time.monotonic() - start
-        self._local.left = left - waited
-        self.waited_s += waited
+        def pause() -> None:
+            nonlocal left
+            if not self._count or left <= 0.0:
+                return
+            start = time.monotonic()
+            self._idle.wait(left)
+            waited = time.monotonic() - start
+            left -= waited
+            self.waited_s += waited
+
+        return pause
 
 
 def no_pause() -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from decider.config import Staleness
 from decider.facility import DomainRef, Facility
-from decider.giving_way import PAUSE_EVERY, no_pause
+from decider.giving_way import PAUSE_EVERY, Pause, no_pause
 from decider.models import Replica, ReservationRequest
 from decider.placement import Verdict, answers, judge, missing
 from decider.placement.view import View
@@ -47,12 +47,9 @@ class State:
         reservation_ttl: float,
         staleness: Staleness,
         clock: Callable[[], float] = time.time,
-        pause: Callable[[], None] = no_pause,
     ) -> None:
         self._lock = threading.Lock()
         self._clock = clock
-        #: Called every PAUSE_EVERY nodes while a refresh works out a View (decider.giving_way).
-        self._pause = pause
         self.store = store
         self._facility = facility
         self._ttl = reservation_ttl
@@ -147,7 +144,9 @@ class State:
 
     # --- changes from outside -----------------------------------------------------------------
 
-    def set_snapshot(self, snapshot: Snapshot) -> None:
+    def set_snapshot(self, snapshot: Snapshot, pause: Pause = no_pause) -> None:
+        """Swap in a View of `snapshot`, worked out first; `pause` is called every
+        PAUSE_EVERY nodes meanwhile (the refresher's, decider.giving_way)."""
         # The snapshot becomes the current one only with its View, once worked out: until
         # then writes settle from the current View, whose figures they keep, rather than
         # make Views of the new snapshot that every placement would work out from scratch
@@ -159,7 +158,6 @@ class State:
         # View yet); then move these long-lived objects out of the garbage collector's
         # sight: a full collection walking 10,000 nodes' states triples the latency of a
         # 10,000-candidate placement (docs/benchmarks.md).
-        pause = self._pause
         view.work_out_domains(pause)
         for count, node in enumerate(snapshot.membership, 1):
             view.node(node)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,8 @@ from tests.test_placement import NOW, STALENESS
 from tests.test_placement_answers import CANDIDATES, SHAPES, assert_as_decide, facility, readings
 
 
-def pausing(in_flight: InFlight, limit_s: float) -> threading.Thread:
-    def run() -> None:
-        with in_flight.giving_way(limit_s):
-            in_flight.pause()
-
-    thread = threading.Thread(target=run, daemon=True)
+def pausing(pause: Callable[[], None]) -> threading.Thread:
+    thread = threading.Thread(target=pause, daemon=True)
     thread.start()
     return thread
 
@@ -33,7 +30,7 @@ def test_a_pause_waits_until_no_request_is_in_flight() -> None:
     in_flight = InFlight()
     in_flight.enter()
     in_flight.enter()
-    thread = pausing(in_flight, limit_s=30.0)
+    thread = pausing(in_flight.budget(30.0))
     thread.join(0.2)
     assert thread.is_alive()
     in_flight.leave()  # one still in flight
@@ -45,24 +42,26 @@ def test_a_pause_waits_until_no_request_is_in_flight() -> None:
     assert in_flight.count == 0
 
 
-def test_a_pause_waits_no_longer_than_what_is_left_of_its_limit() -> None:
+def test_a_budget_waits_no_longer_than_its_limit_in_all() -> None:
     in_flight = InFlight()
     in_flight.enter()  # and never leaves
+    pause = in_flight.budget(0.2)
     waits: list[float] = []
-    with in_flight.giving_way(0.2):
-        for _ in range(3):
-            before = in_flight.waited_s
-            in_flight.pause()
-            waits.append(in_flight.waited_s - before)
+    for _ in range(3):
+        before = in_flight.waited_s
+        pause()
+        waits.append(in_flight.waited_s - before)
     assert waits[0] >= 0.2 and waits[1:] == [0.0, 0.0]
+    before = in_flight.waited_s
+    in_flight.budget(0.05)()  # the next refresh's budget is its own
+    assert in_flight.waited_s - before >= 0.05
 
 
-def test_a_pause_outside_giving_way_or_with_nothing_in_flight_does_not_wait() -> None:
+def test_a_pause_with_nothing_in_flight_does_not_wait() -> None:
     in_flight = InFlight()
-    with in_flight.giving_way(30.0):
-        in_flight.pause()  # nothing in flight
-    in_flight.enter()
-    in_flight.pause()  # a request's own thread, say: it must never wait for itself
+    pause = in_flight.budget(30.0)
+    for _ in range(100):
+        pause()
     assert in_flight.waited_s == 0.0
 
 
@@ -115,18 +114,18 @@ def test_a_refresh_gives_way_and_writes_meanwhile_keep_the_current_views_figures
             assert kept and all(
                 kept[node] is before.node(node) for node in ("r1-1", "r2-1") if node in kept
             )
-        in_flight.pause()
+        giving_way()
 
     armed = False
-    state = State(facility(), store, 300.0, STALENESS, clock=lambda: NOW, pause=pause)
+    state = State(facility(), store, 300.0, STALENESS, clock=lambda: NOW)
     first = readings()
     state.set_snapshot(first)
     for rep in SHAPES[:2]:
         assert_as_decide(state.view(), rep, CANDIDATES)
     armed = True
     second = readings(1.2)
-    with in_flight.giving_way(30.0):
-        state.set_snapshot(second)
+    giving_way = in_flight.budget(30.0)
+    state.set_snapshot(second, pause)
     view = state.view()
     assert view.snapshot is second
     assert "meanwhile" in view.reservations
