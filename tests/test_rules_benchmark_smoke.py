@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import shutil
 import subprocess
@@ -141,12 +142,20 @@ def test_whole_run_at_eight_nodes(bench, tmp_path, capsys):
     assert all(rule["health"] == ["ok"] for rule in domain_rules)
     assert all(rule["query_samples_read"] is not None for rule in domain_rules)
     assert size["totals"]["sum_of_medians_ms"] > 0
-    # The backfill filled the windows it was for (warm-up 0: every window needs history).
-    backfilled = set(size["backfill"]["raw_families"]) | set(size["backfill"]["recording_rules"])
+    # The backfill filled the windows it was for (warm-up 0: every window needs history),
+    # but for the samples of the seam between the backfill's end and the first live scrape
+    # or evaluation (as long as the backfill took: longer on a busy machine).
+    recorded = set(size["backfill"]["recording_rules"])
+    backfilled = set(size["backfill"]["raw_families"]) | recorded
+    seam_s = size["backfill"]["seam_s"]
     for window in size["window_fill"]:
         metric = window["selector"].split("{")[0].split("[")[0]
         if metric in backfilled and window["series"]:
-            assert window["samples_min"] >= 0.9 * window["samples_full"], window
+            recorded_here = metric in recorded or ":" in metric
+            every = bench.EVALUATION_INTERVAL_S if recorded_here else bench.SCRAPE_INTERVAL_S
+            lost = math.ceil(seam_s / every) + 1
+            assert window["samples_min"] >= window["samples_full"] - lost, (window, seam_s)
+            assert window["samples_min"] >= 0.5 * window["samples_full"], (window, seam_s)
     assert result["targets"]["every_rule_healthy"]["met"]
     assert result["command"].endswith("--output " + str(output))
     loaded = {str(path.relative_to(bench.REPO)) for path in bench.RULE_FILES}
