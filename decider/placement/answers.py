@@ -219,13 +219,12 @@ class Shape:
         #: The nodes `take_over` left out of the earlier shape's entries (`prepare` works
         #: them out).
         self.dropped: list[str] = []
-        #: The entries by coarse tuple (by id), for the next View's take_over, and the nodes
-        #: whose entries were set since and are in no group yet (in the order set).
         #: For the next View's take_over: the nodes whose entries were set since the last
-        #: `tally` (in the order set), and what it counted: how many entries, the largest
-        #: least room among them (an upper bound; inf: some has none), the nodes past their
-        #: least room by their estimate's watts (a superset), and the nodes whose row, room
-        #: or site was not among the View's domains (their entries never carry over).
+        #: `tally` (in the order set), and what it counted: the largest least room among
+        #: them (an upper bound; inf: some has none), the nodes past their least room by
+        #: their estimate's watts (a superset; shared with the shapes taken over from), and
+        #: the nodes whose row, room or site was not among the View's domains (their entries
+        #: never carry over).
         self._untallied: list[str] = []
         self._top_room = -math.inf
         self._past: dict[float, set[str]] = {}
