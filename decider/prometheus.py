@@ -45,6 +45,7 @@ from urllib3.util import Retry
 
 from decider.config import DeciderConfig, PrometheusSettings
 from decider.facility import KINDS, DomainRef, Kind
+from decider.giving_way import GIVE_WAY_SHARE, PAUSE_EVERY, Pause, no_pause
 from decider.promql import format_duration
 from decider.snapshot import INVENTORY_PARTS, PARTS, Condition, Part, ProfileFigures, Snapshot
 
@@ -236,8 +237,9 @@ class _Sample:
     value: float
 
 
-def _samples(result: Any) -> list[_Sample]:
-    """An instant vector's series, each with a finite value; raises QueryError otherwise."""
+def _samples(result: Any, pause: Pause = no_pause) -> list[_Sample]:
+    """An instant vector's series, each with a finite value; raises QueryError otherwise.
+    `pause` is called every PAUSE_EVERY series (decider.giving_way)."""
     if not isinstance(result, list):
         raise QueryError(
             f"the result is a {type(result).__name__}, not an instant vector (a list of series)"
@@ -256,6 +258,8 @@ def _samples(result: Any) -> list[_Sample]:
         if number is None:
             raise QueryError(f"series {_show(metric)} has value {pair[1]!r}, not a finite number")
         samples.append(_Sample(metric, number))
+        if not index % PAUSE_EVERY:
+            pause()
     return samples
 
 
@@ -328,11 +332,13 @@ def _per_node(samples: list[_Sample], dropped: _Dropped) -> dict[str, float]:
     return values
 
 
-def _parse(part: str, samples: list[_Sample], dropped: _Dropped) -> Any:
+def _parse(part: str, samples: list[_Sample], dropped: _Dropped, pause: Pause = no_pause) -> Any:
     """One part's data, from its query's series."""
-    if part == "membership":
+    if part == "membership":  # 60,000 series at 10,000 nodes: it gives way as it goes
         nodes: dict[str, set[DomainRef]] = {}
-        for sample in samples:
+        for count, sample in enumerate(samples, 1):
+            if not count % PAUSE_EVERY:
+                pause()
             node = _node(sample, dropped)
             domain = _domain(sample, dropped) if node is not None else None
             if node is not None and domain is not None:
@@ -427,11 +433,13 @@ def _shown(promql: str) -> str:
     return promql if len(promql) <= MAX_QUERY_CHARS else promql[: MAX_QUERY_CHARS - 1] + "…"
 
 
-def _read_part(reader: PrometheusReader, part: str, promql: str) -> tuple[Any, str | None]:
+def _read_part(
+    reader: PrometheusReader, part: str, promql: str, pause: Pause = no_pause
+) -> tuple[Any, str | None]:
     """(data, note) for one part; raises QueryError with the part and query named."""
     try:
         dropped = _Dropped()
-        data = _parse(part, _samples(reader.query(promql)), dropped)
+        data = _parse(part, _samples(reader.query(promql), pause), dropped, pause)
     except QueryError as exc:
         raise QueryError(_one_line(f"{part} query `{_shown(promql)}`: {exc}")) from exc
     except Exception as exc:  # a parser bug must still not take the refresher down
@@ -460,13 +468,15 @@ def _run_all(
     reader: PrometheusReader,
     texts: Mapping[str, str],
     cancel: threading.Event | None,
+    pause: Pause = no_pause,
 ) -> dict[str, tuple[Any, str | None] | QueryError]:
     """Every part's outcome, queried in parallel and waited for at most the reader's budget."""
     outcomes: dict[str, tuple[Any, str | None] | QueryError] = {}
     executor = ThreadPoolExecutor(max_workers=len(texts), thread_name_prefix="prometheus-query")
     try:
         futures: dict[Future[tuple[Any, str | None]], str] = {
-            executor.submit(_read_part, reader, part, text): part for part, text in texts.items()
+            executor.submit(_read_part, reader, part, text, pause): part
+            for part, text in texts.items()
         }
         deadline = time.monotonic() + reader.budget_s
         pending: Iterable[Future[tuple[Any, str | None]]] = set(futures)
@@ -502,6 +512,7 @@ def refresh(
     inventory_window_seconds: float | None = None,
     hot_lookback_seconds: float = HOT_LOOKBACK_S,
     keep: frozenset[str] = frozenset(),
+    pause: Pause = no_pause,
 ) -> Snapshot:
     """A new Snapshot: each part read anew, or, where its query failed, kept from `previous`;
     the parts in `keep` are not queried: their data, read time and note are `previous`'s.
@@ -513,7 +524,8 @@ def refresh(
     """
     try:
         texts = queries(window_seconds, inventory_window_seconds, hot_lookback_seconds)
-        outcomes = _run_all(reader, {p: t for p, t in texts.items() if p not in keep}, cancel)
+        asked = {p: t for p, t in texts.items() if p not in keep}
+        outcomes = _run_all(reader, asked, cancel, pause)
     except Exception as exc:  # e.g. no thread could be started: keep everything as it was
         message = _one_line(f"refresh failed before any query: {type(exc).__name__}: {exc}")
         outcomes = {part: QueryError(message) for part in PARTS if part not in keep}
@@ -568,6 +580,7 @@ class Refresher:
         window_seconds: float = FRESH_WINDOW_S,
         inventory_window_seconds: float | None = None,
         on_refresh: Callable[[Snapshot], None] | None = None,
+        give_way: Callable[[float], Pause] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.window_seconds = window_seconds
@@ -575,6 +588,8 @@ class Refresher:
         #: The `hot` part's lookback: shedding.hot_for + interval (decider.service).
         self.hot_lookback_seconds = HOT_LOOKBACK_S
         self.on_refresh = on_refresh
+        #: A pause for parsing the answers, given its limit in seconds (decider.giving_way).
+        self._give_way = give_way
         self._clock = clock
         self._settings = settings
         self._reader = PrometheusReader.from_settings(settings.prometheus)
@@ -682,6 +697,10 @@ class Refresher:
                 read_all, self._read_all = self._read_all, False
             now = self._clock()
             keep = frozenset() if every_part or read_all else self._kept(now)
+            pause = no_pause
+            if self._give_way is not None:  # well within the queries' own budget, too
+                limit = min(self._settings.refresh_interval, reader.budget_s) * GIVE_WAY_SHARE
+                pause = self._give_way(limit)
             try:
                 snapshot = refresh(
                     self.snapshot,
@@ -692,6 +711,7 @@ class Refresher:
                     inventory_window_seconds=self.inventory_window_seconds,
                     hot_lookback_seconds=self.hot_lookback_seconds,
                     keep=keep,
+                    pause=pause,
                 )
             finally:
                 with self._configuring:

@@ -17,6 +17,7 @@ from decider import facility as facility_file
 from decider.config import DeciderConfig
 from decider.decisions import DecisionLog
 from decider.facility import Facility
+from decider.giving_way import GIVE_WAY_SHARE, InFlight
 from decider.metrics import DecisionCounters, DomainCollector
 from decider.prometheus import Refresher
 from decider.shedding import Shedder, SheddingCollector
@@ -95,13 +96,20 @@ class Service:
         self.loaded = loaded
         config = loaded.config
         self.store = Store(config.database)
-        self.state = State(loaded.facility, self.store, config.reservation_ttl, config.staleness)
+        self.in_flight = InFlight()  # counted by the API's middleware (decider.giving_way)
+        self.state = State(
+            loaded.facility,
+            self.store,
+            config.reservation_ttl,
+            config.staleness,
+        )
         self.refreshed_once = False
         self.refresher = Refresher(
             config,
             window_seconds=config.staleness.readings,
             inventory_window_seconds=config.staleness.inventory,
             on_refresh=self._on_refresh,
+            give_way=self.in_flight.budget,
         )
         disable_created_metrics()  # `_created` series say nothing an operator reads
         self.registry = CollectorRegistry()
@@ -138,7 +146,11 @@ class Service:
         log.info("stopped; %s closed", self.store.path)
 
     def _on_refresh(self, snapshot: object) -> None:
-        self.state.set_snapshot(self.refresher.snapshot)
+        # The new View is worked out giving way to requests, for at most a quarter of a
+        # refresh interval in all (as the answers' parsing): past it the refresh goes on
+        # regardless (decider.giving_way).
+        pause = self.in_flight.budget(self.loaded.config.refresh_interval * GIVE_WAY_SHARE)
+        self.state.set_snapshot(self.refresher.snapshot, pause)
         self.refreshed_once = True
 
     def _sweep(self) -> None:

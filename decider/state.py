@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from decider.config import Staleness
 from decider.facility import DomainRef, Facility
+from decider.giving_way import PAUSE_EVERY, Pause, no_pause
 from decider.models import Replica, ReservationRequest
 from decider.placement import Verdict, answers, judge, missing
 from decider.placement.view import View
@@ -89,26 +90,7 @@ class State:
     ) -> View:
         """A new view of the current state; after a write (`changed` reservations, `held`
         domains) it starts from the current view's figures (View.settle), or `start`'s."""
-        now = self._clock()
-        fresh, missing = self._snapshot.fresh_parts(
-            now, self._staleness.readings, self._staleness.inventory
-        )
-        ends = [
-            part.read_at
-            + (self._staleness.inventory if name in INVENTORY_PARTS else self._staleness.readings)
-            for name, part in self._snapshot.parts.items()
-            if name in fresh and part.read_at is not None
-        ]
-        self._valid_until = min(ends, default=math.inf)
-        view = View(
-            facility=self._facility,
-            snapshot=self._snapshot,
-            now=now,
-            fresh=fresh,
-            missing=missing,
-            reservations=self._reservations,
-            holds=self._holds,
-        )
+        view, self._valid_until = self._new_view(self._snapshot)
         previous = start or getattr(self, "_view", None)
         if previous is not None and (changed or held):
             view.settle(previous, changed, held)
@@ -124,6 +106,30 @@ class State:
             gc.freeze()
         return view
 
+    def _new_view(self, snapshot: Snapshot) -> tuple[View, float]:
+        """A View of `snapshot` and the current file, reservations and holds, its figures
+        worked out on first use; and the time its first fresh part goes stale."""
+        now = self._clock()
+        fresh, missing = snapshot.fresh_parts(
+            now, self._staleness.readings, self._staleness.inventory
+        )
+        ends = [
+            part.read_at
+            + (self._staleness.inventory if name in INVENTORY_PARTS else self._staleness.readings)
+            for name, part in snapshot.parts.items()
+            if name in fresh and part.read_at is not None
+        ]
+        view = View(
+            facility=self._facility,
+            snapshot=snapshot,
+            now=now,
+            fresh=fresh,
+            missing=missing,
+            reservations=self._reservations,
+            holds=self._holds,
+        )
+        return view, min(ends, default=math.inf)
+
     def _since(self, view: View) -> tuple[tuple[Reservation, ...], tuple[DomainRef, ...]]:
         """The reservations and holds that changed since `view` was built (under the lock)."""
         now, then = self._reservations, view.reservations
@@ -138,32 +144,41 @@ class State:
 
     # --- changes from outside -----------------------------------------------------------------
 
-    def set_snapshot(self, snapshot: Snapshot) -> None:
+    def set_snapshot(self, snapshot: Snapshot, pause: Pause = no_pause) -> None:
+        """Swap in a View of `snapshot`, worked out first; `pause` is called every
+        PAUSE_EVERY nodes meanwhile (the refresher's, decider.giving_way)."""
+        # The snapshot becomes the current one only with its View, once worked out: until
+        # then writes settle from the current View, whose figures they keep, rather than
+        # make Views of the new snapshot that every placement would work out from scratch
+        # (10,000 candidates: 0.7 s on the event loop's thread).
+        with self._lock:
+            view, valid_until = self._new_view(snapshot)
+        # Work out every domain's and node's state here, on the refresher's thread, not in
+        # the first placement after it, giving way to requests in flight (nobody reads this
+        # View yet); then move these long-lived objects out of the garbage collector's
+        # sight: a full collection walking 10,000 nodes' states triples the latency of a
+        # 10,000-candidate placement (docs/benchmarks.md).
+        view.work_out_domains(pause)
+        for count, node in enumerate(snapshot.membership, 1):
+            view.node(node)
+            if not count % PAUSE_EVERY:
+                pause()
+        # And the placement answers' entries for the replica shapes asked about lately.
+        answers.warm(view, self._view, pause)
         with self._lock:
             self._snapshot = snapshot
-            view = self._build()
-        # Work out every node's state here, on the refresher's thread, not in the first
-        # placement after it; then move these long-lived objects out of the garbage
-        # collector's sight: a full collection walking 10,000 nodes' states triples the
-        # latency of a 10,000-candidate placement (docs/benchmarks.md).
-        for node in snapshot.membership:
-            view.node(node)
-        # And the placement answers' entries for the replica shapes asked about lately.
-        answers.warm(view, self._view)
-        with self._lock:
             current = self._view
-            unchanged = (
+            if (
                 current.reservations is view.reservations
                 and current.holds is view.holds
                 and current.facility is view.facility
-            )
-            if self._snapshot is snapshot and not unchanged:
-                # Writes came in meanwhile (their views read this snapshot from scratch): a
-                # view with them that starts from the warmed view's figures. A refresh of a
-                # 10,000-node site takes about a second; a busy scheduler reserves in it.
+            ):
+                self._view, self._valid_until = view, valid_until  # the warmed view
+            else:
+                # Writes (or a reload) came in meanwhile: a view with them that starts from
+                # the warmed view's figures. A refresh of a 10,000-node site takes about a
+                # second, more while it gives way; a busy scheduler reserves in it.
                 self._view = self._build(*self._since(view), start=view)
-            elif self._snapshot is snapshot and current.snapshot is not snapshot:
-                self._view = view  # the warmed view
         # What was frozen is looked at again (unfreeze, collect) every FULL_COLLECTION_EVERY
         # refreshes, so garbage in cycles cannot pile up in the permanent generation. Not
         # at every refresh: a full collection holds the GIL for a 10,000-node site's 0.1 s,

@@ -36,6 +36,7 @@ import requests
 from decider import promql
 from decider.config import DeciderConfig
 from decider.facility import DomainRef
+from decider.giving_way import PAUSE_EVERY
 from decider.prometheus import (
     QUERIES,
     PrometheusReader,
@@ -324,6 +325,29 @@ def test_a_correct_answer_becomes_the_expected_snapshot(fake, reader):
     assert "ignored 2 series" in notes["membership"]
     assert 'kind "chassis"' in notes["membership"] or "'chassis'" in notes["membership"]
     assert snapshot.age_seconds(T0 + 5) == 5
+
+
+def test_parsing_a_large_answer_gives_way_and_reads_the_same(fake, reader):
+    """A refresh's parsing calls its pause (decider.giving_way) as it goes through the
+    series, membership's twice; waiting there changes nothing in what it reads."""
+    answers = good_answers()
+    nodes = [f"n{index}" for index in range(3, 400)]
+    answers[SERIES["membership"]] = vector(
+        *[({"node": node, "kind": "rack", "domain": "r2"}, "1") for node in nodes]
+    )
+    fake.answer(answers)
+    plain = refresh(Snapshot(), reader, WINDOW_S, T0)
+    pauses: list[str] = []
+
+    def pause() -> None:
+        pauses.append(threading.current_thread().name)
+        time.sleep(0.001)  # as a request in flight would make it
+
+    paused = refresh(Snapshot(), reader, WINDOW_S, T0, pause=pause)
+    assert same_data(paused, plain) and paused.parts == plain.parts
+    assert set(paused.membership) == set(nodes)
+    assert len(pauses) >= 2 * len(nodes) // PAUSE_EVERY
+    assert all(name.startswith("prometheus-query") for name in pauses)
 
 
 def test_the_snapshot_is_read_only(fake, reader):

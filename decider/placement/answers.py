@@ -44,12 +44,13 @@ from __future__ import annotations
 import math
 import weakref
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
 from pydantic_core import to_json
 
+from decider.giving_way import PAUSE_EVERY, no_pause
 from decider.models import Replica
 from decider.placement import (
     Decision,
@@ -570,17 +571,21 @@ def lineage(
     return found
 
 
-def warm(view: View, before: View) -> None:
+def warm(view: View, before: View, pause: Callable[[], None] = no_pause) -> None:
     """Work out on `view` (a refresh's, before it is swapped in) the entries of every node
     for the replica shapes `before` was last asked about, at most SHAPES_WARMED of them,
-    so that the first placement after a refresh costs what any other does."""
+    so that the first placement after a refresh costs what any other does; `pause` is
+    called every PAUSE_EVERY nodes (decider.giving_way)."""
     recent = list(reversed(before.__dict__.get(CACHE, {})))
     earlier = sorted(before.__dict__.get(LINEAGE, {}).items(), key=lambda item: item[1][2])
     recent += [replica for replica, _ in earlier if replica not in recent]
     nodes = view.snapshot.membership if "membership" in view.fresh else {}
     for replica in recent[:SHAPES_WARMED]:
         warmed = shape(view, replica)
-        warmed.fill(list(nodes))
+        names = list(nodes)
+        for start in range(0, len(names), PAUSE_EVERY):
+            warmed.fill(names[start : start + PAUSE_EVERY])
+            pause()
         warmed.tally()  # for the next View's take_over, here rather than in a placement
         # One base of them all, before anything reads them: the changes after it share it.
         warmed.entries = warmed.entries.compacted()

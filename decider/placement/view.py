@@ -23,12 +23,13 @@ no fresh membership: each node refused by its last known domains) the cache star
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING
 
 from decider.facility import Domain, DomainRef, Facility
+from decider.giving_way import PAUSE_EVERY
 from decider.placement.overlay import Layered
 from decider.snapshot import Condition, Snapshot
 from decider.store import Hold, Reservation
@@ -198,6 +199,18 @@ class View:
     @cached_property
     def domains(self) -> dict[DomainRef, DomainState]:
         return {ref: self._domain_state(ref) for ref in self.domain_refs}
+
+    def work_out_domains(self, pause: Callable[[], None]) -> None:
+        """`domains`, worked out now, calling `pause` every PAUSE_EVERY domains: a refresh's
+        View, before anyone reads it (State.set_snapshot)."""
+        if "domains" in self.__dict__:
+            return
+        domains: dict[DomainRef, DomainState] = {}
+        for count, ref in enumerate(self.domain_refs, 1):
+            domains[ref] = self._domain_state(ref)
+            if not count % PAUSE_EVERY:
+                pause()
+        self.__dict__["domains"] = domains
 
     @cached_property
     def coarse_refs(self) -> tuple[DomainRef, ...]:

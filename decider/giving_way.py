@@ -1,0 +1,104 @@
+"""Background work that gives way to the requests in flight.
+
+The decider answers every request on one event-loop thread; its refresher works out each
+new View (every node's state, the recent replica shapes' answer entries: about half a
+second of Python at 10,000 nodes) on a thread of its own. CPython runs one thread at a time
+and hands over only every switch interval, so a placement answered during a refresh took
+about twice its time: the 10,000-candidate placements' p99 was the refresh's
+(docs/benchmarks.md, "Where the time goes").
+
+So the refresher's long loops (parsing the answers, working out the View) call a pause every
+PAUSE_EVERY items: while any request is in flight it waits, holding nothing, until none is.
+A pause comes from `InFlight.budget`, one per piece of a refresh, and waits at most the
+budget's limit in all, so that a decider never idle between requests still refreshes: past
+it, the rest of that refresh shares the interpreter as before. Only background threads get
+one; a request's own thread must never wait for itself (it is in flight).
+
+The count is kept by an ASGI middleware (`CountInFlight`) on the event loop's thread, the
+only thread that changes it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+#: Items (nodes, answer entries) a background loop works out between two pauses: about half
+#: a millisecond at 10,000 nodes, the most a request arriving meanwhile waits for it.
+PAUSE_EVERY = 32
+#: The share of the refresh interval each of a refresh's two pieces (parsing Prometheus'
+#: answers, working out the View) may wait for requests: at most half an interval in all.
+GIVE_WAY_SHARE = 0.25
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+Pause = Callable[[], None]
+
+
+class InFlight:
+    """The HTTP requests being answered, and the pauses background work takes for them."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._idle = threading.Event()
+        self._idle.set()
+        self.waited_s = 0.0  # in all, for the tests and the curious
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def enter(self) -> None:
+        self._count += 1
+        if self._count == 1:
+            self._idle.clear()
+
+    def leave(self) -> None:
+        self._count -= 1
+        if not self._count:
+            self._idle.set()
+
+    def budget(self, limit_s: float) -> Pause:
+        """A pause for one piece of background work (one refresh): each call waits while
+        requests are in flight, all of them together at most `limit_s`."""
+        left = limit_s
+
+        def pause() -> None:
+            nonlocal left
+            if not self._count or left <= 0.0:
+                return
+            start = time.monotonic()
+            self._idle.wait(left)
+            waited = time.monotonic() - start
+            left -= waited
+            self.waited_s += waited
+
+        return pause
+
+
+def no_pause() -> None:
+    """The pause of work that gives way to nothing (tests, tools)."""
+
+
+class CountInFlight:
+    """ASGI middleware: each HTTP request counts in `in_flight` while it is answered."""
+
+    def __init__(self, app: ASGIApp, in_flight: InFlight) -> None:
+        self.app = app
+        self.in_flight = in_flight
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        self.in_flight.enter()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight.leave()
