@@ -507,3 +507,103 @@ def test_a_change_that_redoes_many_nodes_leaves_them_to_the_placements(
     site.state.hold(DomainRef("site", "s"), "test")  # every node
     assert not set(NODES) & set(answers.shape(site.view(), rep).entries)
     assert_as_decide(site.view(), rep, CANDIDATES)
+
+
+# --- shared bases and overlays (decider.placement.overlay) -----------------------------------
+
+
+@pytest.mark.parametrize("bound", [0, 4])
+def test_answers_hold_across_many_writes_past_the_overlays_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bound: int
+) -> None:
+    # 0: every write that marks a node compacts its Views' caches into new bases; 4: some
+    # share a base, some compact (a write marks a rack's 3 nodes).
+    from decider.placement import overlay
+
+    monkeypatch.setattr(overlay, "limit", lambda base_size: bound)
+    site = new_site(tmp_path)
+    state = site.state
+    for rep in SHAPES[:2]:
+        assert_as_decide(site.view(), rep, CANDIDATES)
+    bases: list[dict[str, Any]] = []  # kept, so that no two are told apart by a reused id
+    shared = 0
+    placed = ["r5-1", "r1-2", "r5-3", "r2-1", "r1-3", "r5-2"]  # a reservation fits on each
+    held = [DomainRef("rack", "r2"), DomainRef("row", "2"), DomainRef("pdu", "r1-a")]
+    for number in range(18):
+        before = site.view()
+        step = number % 6
+        if step in (0, 2):
+            assert site.reserve(placed[number % 6 + number // 6], SHAPES[0]).reservation
+        elif step in (1, 3):
+            assert state.release(f"res-{site.ids}")
+        elif step == 4:
+            state.hold(held[number // 6], "test")
+        else:
+            state.release_hold(held[number // 6])
+        view = site.view()
+        assert view is not before
+        assert len(view._nodes.over) <= bound
+        if not any(base is view._nodes.base for base in bases):
+            bases.append(view._nodes.base)
+        shared += view._nodes.base is before._nodes.base
+        assert_as_decide(view, SHAPES[number % 2], CANDIDATES[number % 5 :: 2])
+        assert_as_decide(view, SHAPES[0], CANDIDATES)
+        assert_as_decide(before, SHAPES[1], CANDIDATES)  # the View before, read after
+    # Compacted again and again, and shared between writes (those that mark no node, the
+    # row's hold, at either bound).
+    assert len(bases) > 4 and shared > 0, (len(bases), shared)
+
+
+def test_a_node_state_goes_into_the_shared_base_only_where_every_view_agrees(
+    tmp_path: Path,
+) -> None:
+    # A View whose node states were not all worked out (a reload's), then a write: the two
+    # Views share one base; rack r5's nodes are marked stale in the later one's overlay.
+    site = new_site(tmp_path)
+    state = site.state
+    state.set_facility(facility(), 300.0, state._staleness)
+    rep = SHAPES[0]
+    first = site.view()
+    assert_as_decide(first, rep, ["r1-1"])
+    assert site.reserve("r5-1", rep).reservation is not None
+    second = site.view()
+    assert second._nodes.base is first._nodes.base
+    # Worked out on the later View first: into its overlay, which the earlier one does not
+    # read; the earlier View then works out its own.
+    assert_as_decide(second, rep, ["r5-2"])
+    assert_as_decide(first, rep, ["r5-2"])
+    assert first._nodes["r5-2"] is not second._nodes["r5-2"]
+    # Worked out on the earlier View first: into the base, which the later View does not
+    # read for a node its overlay marks stale.
+    assert_as_decide(first, rep, ["r5-3"])
+    assert_as_decide(second, rep, ["r5-3"])
+    assert first._nodes["r5-3"] is not second._nodes["r5-3"]
+    # A node the write did not touch: worked out once, for both.
+    assert_as_decide(second, rep, ["r2-1"])
+    assert first._nodes["r2-1"] is second._nodes["r2-1"]
+    assert_as_decide(first, rep, CANDIDATES)
+    assert_as_decide(second, rep, CANDIDATES)
+
+
+def test_an_entry_filled_after_a_shape_is_shared_goes_into_its_own_overlay(
+    tmp_path: Path,
+) -> None:
+    # row/1 (limit 13,500 W, measured 10,000): three 3,000 W reservations in rack r2 leave
+    # its load at 10,000, a fourth takes it to 12,000, and r1-3 is refused for the row. The
+    # View before the fourth never asked about r1-3; its shape's entries are shared by the
+    # shape after it, which the fourth reservation's take_over made without r1-3.
+    site = new_site(tmp_path)
+    state = site.state
+    rep = replica(4)
+    for node in ("r2-1", "r2-2", "r2-3"):
+        assert site.reserve(node, rep).reservation is not None
+    state.set_facility(facility(), 300.0, state._staleness)
+    first = site.view()
+    assert_as_decide(first, rep, ["r5-1"])
+    assert site.reserve("r2-1", rep).reservation is not None
+    second = site.view()
+    assert answers.shape(second, rep).entries.base is answers.shape(first, rep).entries.base
+    allowed = assert_as_decide(first, rep, ["r1-3"])
+    assert allowed.order == ["r1-3"]
+    refused = assert_as_decide(second, rep, ["r1-3"])
+    assert refused.order == [] and "row 1" in refused.refusals[0][1]

@@ -16,12 +16,24 @@ whose verdict cannot have changed: the same node state (settle keeps those of th
 and PDUs the change did not touch), and each of the node's row, room and site that was
 replaced since has the same refusals and binds the node neither before nor after (its room
 is above the node's least room; a node past its room also names it alike). When the shape
-is made (`Shape.take_over`) this is done in bulk: a copy of the earlier shape's entries,
-less the nodes the change redid and, per row, room and site replaced (a change replaces a
-few), the nodes it may bind or name otherwise. What that leaves out `fill` carries over
-node by node from the View before (or up to CARRY_DEPTH shapes back) where it can, or
-works out. After a refresh `warm` works out, on the refresher's thread and before the
-View is swapped in, the entries of the replica shapes asked about lately.
+is made (`Shape.take_over`) this is done in bulk: the earlier shape's entries taken over
+whole, less the nodes the change redid and, per row, room and site replaced (a change
+replaces a few), the nodes it may bind or name otherwise. What that leaves out `fill`
+carries over node by node from the View before (or up to CARRY_DEPTH shapes back) where it
+can, or works out. After a refresh `warm` works out, on the refresher's thread and before
+the View is swapped in, the entries of the replica shapes asked about lately.
+
+Taken over whole, not copied: a shape's `entries` are a base dict shared with the shapes
+before and after it and an overlay of its own (decider.placement.overlay); take_over copies
+the earlier overlay (small) and marks what it drops there, and compacts both into a new
+base past the overlay's bound; `warm` makes a refresh's entries one base. `place` reads the
+overlay, then the base. Once shared, a base is never written: `fill` puts every entry it
+sets into the shape's own overlay. Unlike a node's state, an entry worked out later on one
+shape need not hold for another that shares the base: take_over checked for the next shape
+only the entries the earlier one had (a row's new room binds the nodes whose least room is
+above it, and an entry not yet worked out has none to compare), so an entry filled into the
+base by the earlier shape would reach the later one unchecked, and one filled by the later
+shape would reach the earlier. So only what take_over or compaction decided is shared.
 
 A shape holds its View weakly (the View holds its shapes), so a View's garbage has no
 cycles and goes when the last reference does.
@@ -51,6 +63,7 @@ from decider.placement import (
     spread,
 )
 from decider.placement.estimate import Estimate, estimate
+from decider.placement.overlay import Layered
 
 if TYPE_CHECKING:
     from decider.placement.view import DomainState, NodeState, View
@@ -184,7 +197,9 @@ class Shape:
         self.replica = replica
         self.site_limit = view.site_gpu_limit_watts
         self.observe = view.mode == "observe"
-        self.entries: dict[str, Entry] = {}
+        #: Per node (a base shared with the shapes before and after, and this shape's own
+        #: overlay: decider.placement.overlay); the base is never written once shared.
+        self.entries: Layered[Entry] = Layered()
         #: Per node, the states of its row, room and site its entry holds for this View
         #: (shared by the nodes that have the same ones); None: never carried over.
         self.coarse: dict[str, tuple[DomainState, ...] | None] = {}
@@ -205,15 +220,13 @@ class Shape:
         #: The nodes `take_over` left out of the earlier shape's entries (`prepare` works
         #: them out).
         self.dropped: list[str] = []
-        #: The entries by coarse tuple (by id), for the next View's take_over, and the nodes
-        #: whose entries were set since and are in no group yet (in the order set).
         #: For the next View's take_over: the nodes whose entries were set since the last
-        #: `tally` (in the order set), and what it counted: how many entries, the largest
-        #: least room among them (an upper bound; inf: some has none), the nodes past their
-        #: least room by their estimate's watts (a superset), and the nodes whose row, room
-        #: or site was not among the View's domains (their entries never carry over).
+        #: `tally` (in the order set), and what it counted: the largest least room among
+        #: them (an upper bound; inf: some has none), the nodes past their least room by
+        #: their estimate's watts (a superset; shared with the shapes taken over from), and
+        #: the nodes whose row, room or site was not among the View's domains (their entries
+        #: never carry over).
         self._untallied: list[str] = []
-        self._tallied = 0
         self._top_room = -math.inf
         self._past: dict[float, set[str]] = {}
         self._unlisted: set[str] = set()
@@ -242,8 +255,10 @@ class Shape:
         (its room is above the node's least room). One loop for them all: this runs for
         every node after each reservation."""
         view = self.view
-        entries, coarse = self.entries, self.coarse
-        nodes = view.__dict__.get("_nodes", {})  # View.node's cache, read without a call
+        coarse = self.coarse
+        # Filled into the overlay: the base may be shared with other shapes (see the module
+        # docstring for why a filled entry may not go there).
+        over, base = self.entries.over, self.entries.base
         # Per earlier shape that has entries: its entries and coarse tuples, and (worked out
         # when first needed) the rows, rooms and sites changed since its View.
         # Each with its View, held here: a change on another thread (`prepare`) may cut the
@@ -260,14 +275,14 @@ class Shape:
                 levels.append([earlier, earlier.entries, earlier.coarse, None, kept])
             earlier = earlier.previous
         for name in names:
-            if name in entries:
+            if over.get(name, base.get(name)) is not None:
                 continue
             found = None
             for level in levels:
                 old = level[1].get(name)
                 if old is None:
                     continue
-                node = nodes.get(name) or view.node(name)
+                node = view.node(name)
                 states = level[2].get(name)
                 if node is not old.node or states is None:
                     break
@@ -287,20 +302,27 @@ class Shape:
                 break
             if found is None:
                 found = self._work_out(name)
-            entries[name] = found  # atomic under the GIL: a race computes the same
+            # Named for `tally` first, then set (atomic under the GIL: a race computes the
+            # same): take_over copies the overlay, then tallies, and so counts every entry
+            # its copy holds.
             self._untallied.append(name)
+            over[name] = found
             if found.noted:
                 self.noted = True
 
-    def tally(self) -> bool:
-        """Count the entries set since the last call (see `_untallied`); False when an
-        entry is being set on another thread meanwhile, so the counts may miss one."""
-        untallied = self._untallied[:]  # before the entries: fill sets an entry, then this
-        count = len(self.entries)
-        entries, coarse, past = self.entries, self.coarse, self._past
+    def tally(self) -> None:
+        """Count the entries set since the last call (see `_untallied`), those set by now:
+        one named but not yet set (on another thread, meanwhile) is counted next time."""
+        untallied = self._untallied[:]
+        over, base = self.entries.over, self.entries.base
+        coarse, past = self.coarse, self._past
         top = self._top_room
+        counted = 0
         for name in untallied:
-            found = entries[name]
+            found = over.get(name, base.get(name))
+            if found is None:
+                break
+            counted += 1
             room = math.inf if found.room is None else found.room
             if room > top:
                 top = room
@@ -309,9 +331,7 @@ class Shape:
             if coarse.get(name) is None:
                 self._unlisted.add(name)
         self._top_room = top
-        del self._untallied[: len(untallied)]
-        self._tallied += len(untallied)
-        return self._tallied == count
+        del self._untallied[:counted]
 
     def take_over(self, earlier: Shape, redone: set[str]) -> None:
         """Start from every entry of `earlier` (a shape of an earlier View of the same basis;
@@ -323,19 +343,27 @@ class Shape:
         node: a change replaces a few (the node's row, room and site). What is dropped
         `fill` works out when asked."""
         before, view = earlier.view, self.view
-        if not earlier.tally() or "domains" not in before.__dict__:
+        if "domains" not in before.__dict__:
             return
-        entries = dict(earlier.entries)
+        # The earlier base shared, its overlay copied (before the tally: see fill), and the
+        # dropped marked in the copy (decider.placement.overlay).
+        entries = earlier.entries.settled(())
+        earlier.tally()
+        over, base = entries.over, entries.base
         dropped = self.dropped
 
         def drop(name: str) -> None:
-            if entries.pop(name, None) is not None:
+            if over.get(name, base.get(name)) is not None:
+                over[name] = None
                 dropped.append(name)
 
         for name in redone | earlier._unlisted:
             drop(name)
         top = earlier._top_room
-        past = {watts: set(names) for watts, names in earlier._past.items()}
+        # Shared, not copied (1,250 names at 10,000 nodes): a superset stays true for
+        # both shapes, and tallies and take_overs run one at a time (the writers' lock;
+        # `warm` tallies a shape no other shares yet).
+        past = earlier._past
         then, now = before.domains, view.domains
         members = view.members
         for ref in before.coarse_refs:
@@ -350,15 +378,14 @@ class Shape:
             rooms = [room for room in (old.room, new.room) if room is not None]
             if rooms and top >= (floor := min(rooms)):  # some node may be bound by it
                 for name in nodes:
-                    found = entries.get(name)
+                    found = over.get(name, base.get(name))
                     if found is not None and (found.room is None or found.room >= floor):
                         drop(name)
             for watts, names in past.items():
                 if not self._alike(watts, (old,), (new,)):
                     for name in [n for n in names if ref in (view.membership(n) or ())]:
                         drop(name)
-        self.entries = entries
-        self._tallied = len(entries)
+        self.entries = entries.bounded()
         self._top_room, self._past = top, past
         self.noted = earlier.noted  # at most more than needed: `missing` then finds nothing
         self.packed = earlier.packed
@@ -560,6 +587,8 @@ def warm(view: View, before: View, pause: Callable[[], None] = no_pause) -> None
             warmed.fill(names[start : start + PAUSE_EVERY])
             pause()
         warmed.tally()  # for the next View's take_over, here rather than in a placement
+        # One base of them all, before anything reads them: the changes after it share it.
+        warmed.entries = warmed.entries.compacted()
 
 
 def prepare(view: View) -> None:
@@ -591,7 +620,8 @@ def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
     """`decide(view, replica, candidates)`, answered from and into the View's cache."""
     cached = shape(view, replica)
     cached.idle = 0
-    get = cached.entries.get
+    # The overlay, then the base (decider.placement.overlay): None where neither has it.
+    over_get, base_get = cached.entries.over.get, cached.entries.base.get
     parts: list[bytes] = [b""]  # [0]: the answer up to its nodes, filled in below
     append = parts.append
     refused: list[Entry] = []
@@ -601,7 +631,7 @@ def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
     # One pass, as little in it as will do: it runs once per candidate of every request.
     for name in candidates:
         index += 1
-        found = get(name)
+        found = over_get(name, base_get(name))
         if found is None:  # this one and every later one the shape has not yet, at once
             cached.fill(candidates[index:])
             found = cached.entries[name]

@@ -6,6 +6,19 @@ state without taking a lock. Per-domain and per-node figures are worked out once
 on first use, and shared by every request that reads the same view. A view made after a
 reservation or a hold (`settle`) starts from the previous view's figures and works out
 again only the domains the change touched, and the nodes in those racks and PDUs.
+
+The node states (`_nodes`) are not copied from view to view: they are a base dict shared by
+the views of one basis and a small overlay per view (decider.placement.overlay), in which a
+write marks the nodes it makes stale (the reserved node, the nodes of the racks and PDUs it
+touched). Compacted past a bound, so a write costs what it changes, not the site's size.
+A node state worked out on first use goes into the view's overlay if the overlay names the
+node, else into the shared base, and that is right for every view that shares the base:
+settle marks stale every node whose state may differ from the view before whether or not
+that state was worked out yet (from the membership, not from what the cache holds), so a
+node no overlay names has the same state in each view of the base as in the view that made
+it (compared by value: each view that works it out computes an equal state), and a view
+whose overlay names it never reads the base for it. Where that cannot be told (a hold with
+no fresh membership: each node refused by its last known domains) the cache starts anew.
 """
 
 from __future__ import annotations
@@ -17,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from decider.facility import Domain, DomainRef, Facility
 from decider.giving_way import PAUSE_EVERY
+from decider.placement.overlay import Layered
 from decider.snapshot import Condition, Snapshot
 from decider.store import Hold, Reservation
 
@@ -230,8 +244,8 @@ class View:
         )
 
     @cached_property
-    def _nodes(self) -> dict[str, NodeState]:
-        return {}
+    def _nodes(self) -> Layered[NodeState]:
+        return Layered()
 
     # --- phases of three-phase pdus (decider.placement.phases) --------------------------------
 
@@ -357,20 +371,21 @@ class View:
                 domains[ref] = self._domain_state(ref)
             mine["domains"] = domains
         redone: set[str] | None = None  # the nodes worked out anew; None: unknown, every one
-        if "_nodes" in cache and "domains" in mine:
+        # With no fresh membership a hold refuses by each node's last known domains: every
+        # node may have changed, and the cache starts anew.
+        if (
+            "_nodes" in cache
+            and "domains" in mine
+            and not (held and "membership" not in self.fresh)
+        ):
             members = self.members
-            stale = redone = set(nodes)
-            if held and "membership" not in self.fresh:  # holds by last known domains
-                stale.update(cache["_nodes"])
+            redone = set(nodes)
             for ref in touched:
                 if ref.kind in FINE_KINDS:
-                    stale.update(members.get(ref, ()))
-            # A copy, then the stale taken out: one C call that reads none of the 10,000
-            # names (a comprehension costs a reservation milliseconds), and whole under the
-            # GIL while a placement may be adding a node's state on another thread.
-            kept = mine["_nodes"] = dict(cache["_nodes"])
-            for name in stale:
-                kept.pop(name, None)
+                    redone.update(members.get(ref, ()))
+            # The base shared, the stale marked in a copy of the small overlay (overlay.py):
+            # the write touches the names it changed, not the site's 10,000.
+            mine["_nodes"] = cache["_nodes"].settled(redone)
         # Placement answers (decider.placement.answers): entries that still hold carry over.
         from decider.placement import answers
 
@@ -378,11 +393,18 @@ class View:
 
     def node(self, name: str) -> NodeState:
         """The node's state, worked out once per view (a dict write is atomic under the GIL:
-        two threads racing here compute the same value)."""
-        state = self._nodes.get(name)
+        two threads racing here compute the same value). Written into the shared base when
+        the node is not in this View's overlay (the module docstring says why that holds),
+        else into the overlay."""
+        nodes = self._nodes
+        over, base = nodes.over, nodes.base
+        state = over.get(name, base.get(name))
         if state is None:
             state = self._node_state(name)
-            self._nodes[name] = state
+            if name in over:
+                over[name] = state
+            else:
+                base[name] = state
         return state
 
     def _node_state(self, name: str) -> NodeState:
