@@ -157,17 +157,26 @@ class State:
         # the first placement after it, giving way to requests in flight (nobody reads this
         # View yet); then move these long-lived objects out of the garbage collector's
         # sight: a full collection walking 10,000 nodes' states triples the latency of a
-        # 10,000-candidate placement (docs/benchmarks.md).
-        view.work_out_domains(pause)
-        for count, node in enumerate(snapshot.membership, 1):
-            view.node(node)
-            if not count % PAUSE_EVERY:
-                pause()
-        # And the placement answers' entries for the replica shapes asked about lately.
-        answers.warm(view, self._view, pause)
+        # 10,000-candidate placement (docs/benchmarks.md). Without the collector meanwhile:
+        # each young collection would walk what is made so far again, holding the
+        # interpreter 10 to 40 ms where no pause can give way.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            view.work_out_domains(pause)
+            for count, node in enumerate(snapshot.membership, 1):
+                view.node(node)
+                if not count % PAUSE_EVERY:
+                    pause()
+            # And the placement answers' entries for the replica shapes asked about lately.
+            answers.warm(view, self._view, pause)
+        finally:
+            gc.freeze()
+            if collecting:
+                gc.enable()
         with self._lock:
             self._snapshot = snapshot
-            current = self._view
+            current = self._view  # freed below, once no request is in flight
             if (
                 current.reservations is view.reservations
                 and current.holds is view.holds
@@ -179,6 +188,8 @@ class State:
                 # the warmed view's figures. A refresh of a 10,000-node site takes about a
                 # second, more while it gives way; a busy scheduler reserves in it.
                 self._view = self._build(*self._since(view), start=view)
+        pause()
+        del current  # the View before: 10,000 nodes' states and entries, 10 to 20 ms to free
         # What was frozen is looked at again (unfreeze, collect) every FULL_COLLECTION_EVERY
         # refreshes, so garbage in cycles cannot pile up in the permanent generation. Not
         # at every refresh: a full collection holds the GIL for a 10,000-node site's 0.1 s,

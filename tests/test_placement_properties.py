@@ -244,7 +244,14 @@ def candidate_lists(draw: DrawFn, nodes: list[str]) -> list[str]:
 #: State.set_snapshot's garbage-collector housekeeping (a full collection, for the
 #: refresher's thread) costs tens of milliseconds in a test process, every example; it is no
 #: part of the rules, so the examples skip it.
-NO_GC = SimpleNamespace(collect=lambda: 0, freeze=lambda: None, unfreeze=lambda: None)
+NO_GC = SimpleNamespace(
+    collect=lambda: 0,
+    freeze=lambda: None,
+    unfreeze=lambda: None,
+    isenabled=lambda: False,
+    disable=lambda: None,
+    enable=lambda: None,
+)
 
 
 @contextmanager

@@ -14,7 +14,6 @@ import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
@@ -35,10 +34,10 @@ from decider.state import State
 from decider.store import Reservation, Store
 from exporter.yamlfile import ConfigError
 from tests.decider_harness import Decider, FakePrometheus, Readings, metric_value
+from tests.test_placement_properties import NO_GC
 
 NOW = 1_700_000_000.0
 STALENESS = Staleness(readings=120.0, inventory=3600.0)
-NO_GC = SimpleNamespace(collect=lambda: 0, freeze=lambda: None, unfreeze=lambda: None)
 SETTINGS = settings(
     derandomize=True,
     database=None,

@@ -44,13 +44,13 @@ from __future__ import annotations
 import math
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
 from pydantic_core import to_json
 
-from decider.giving_way import PAUSE_EVERY, no_pause
+from decider.giving_way import PAUSE_EVERY, Pause, no_pause
 from decider.models import Replica
 from decider.placement import (
     Decision,
@@ -310,9 +310,10 @@ class Shape:
             if found.noted:
                 self.noted = True
 
-    def tally(self) -> None:
+    def tally(self, pause: Pause = no_pause) -> None:
         """Count the entries set since the last call (see `_untallied`), those set by now:
-        one named but not yet set (on another thread, meanwhile) is counted next time."""
+        one named but not yet set (on another thread, meanwhile) is counted next time.
+        `pause` is called every PAUSE_EVERY entries (a refresh's, decider.giving_way)."""
         untallied = self._untallied[:]
         over, base = self.entries.over, self.entries.base
         coarse, past = self.coarse, self._past
@@ -330,6 +331,8 @@ class Shape:
                 past.setdefault(found.verdict.estimate.watts, set()).add(name)
             if coarse.get(name) is None:
                 self._unlisted.add(name)
+            if not counted % PAUSE_EVERY:
+                pause()
         self._top_room = top
         del self._untallied[:counted]
 
@@ -571,7 +574,7 @@ def lineage(
     return found
 
 
-def warm(view: View, before: View, pause: Callable[[], None] = no_pause) -> None:
+def warm(view: View, before: View, pause: Pause = no_pause) -> None:
     """Work out on `view` (a refresh's, before it is swapped in) the entries of every node
     for the replica shapes `before` was last asked about, at most SHAPES_WARMED of them,
     so that the first placement after a refresh costs what any other does; `pause` is
@@ -586,9 +589,9 @@ def warm(view: View, before: View, pause: Callable[[], None] = no_pause) -> None
         for start in range(0, len(names), PAUSE_EVERY):
             warmed.fill(names[start : start + PAUSE_EVERY])
             pause()
-        warmed.tally()  # for the next View's take_over, here rather than in a placement
+        warmed.tally(pause)  # for the next View's take_over, here rather than in a placement
         # One base of them all, before anything reads them: the changes after it share it.
-        warmed.entries = warmed.entries.compacted()
+        warmed.entries = warmed.entries.compacted(pause)
 
 
 def prepare(view: View) -> None:

@@ -28,6 +28,8 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Generic, TypeVar
 
+from decider.giving_way import PAUSE_EVERY, Pause, no_pause
+
 V = TypeVar("V")
 
 #: An overlay of at most this many names is never compacted (a small site's writes then
@@ -106,13 +108,16 @@ class Layered(Mapping[str, V], Generic[V]):
         """This, or compacted once the overlay holds more than `limit` names."""
         return self.compacted() if len(self.over) > limit(len(self.base)) else self
 
-    def compacted(self) -> Layered[V]:
+    def compacted(self, pause: Pause = no_pause) -> Layered[V]:
         """Base and overlay as one new base (a copy: the old ones may still be read, and
-        written, on other threads), and an empty overlay."""
+        written, on other threads), and an empty overlay; `pause` is called every
+        PAUSE_EVERY names of the overlay (a refresh's, decider.giving_way)."""
         base = dict(self.base)
-        for name, value in list(self.over.items()):
+        for count, (name, value) in enumerate(list(self.over.items()), 1):
             if value is None:
                 base.pop(name, None)
             else:
                 base[name] = value
+            if not count % PAUSE_EVERY:
+                pause()
         return Layered(base, {})

@@ -23,13 +23,13 @@ no fresh membership: each node refused by its last known domains) the cache star
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING
 
 from decider.facility import Domain, DomainRef, Facility
-from decider.giving_way import PAUSE_EVERY
+from decider.giving_way import PAUSE_EVERY, Pause, no_pause
 from decider.placement.overlay import Layered
 from decider.snapshot import Condition, Snapshot
 from decider.store import Hold, Reservation
@@ -177,34 +177,50 @@ class View:
     @cached_property
     def replicas_by_model(self) -> dict[tuple[str, DomainRef], int]:
         """Reserved replicas of each model per rack and pdu, for the spread preference."""
+        return self._replicas_by_model(no_pause)
+
+    def _replicas_by_model(self, pause: Pause) -> dict[tuple[str, DomainRef], int]:
         counts: dict[tuple[str, DomainRef], int] = {}
-        for reservation in self.reservations.values():
+        for number, reservation in enumerate(self.reservations.values(), 1):
             for ref in self.reservation_domains(reservation):
                 if ref.kind in ("rack", "pdu"):
                     key = (reservation.model, ref)
                     counts[key] = counts.get(key, 0) + 1
+            if not number % PAUSE_EVERY:
+                pause()
         return counts
 
     @cached_property
     def domain_refs(self) -> frozenset[DomainRef]:
         """Every domain this view knows: Prometheus' inventory, the file's, the holds'."""
+        return self._domain_refs(no_pause)
+
+    def _domain_refs(self, pause: Pause) -> frozenset[DomainRef]:
         declared = {ref for ref, _ in self.facility.declared()}
         known = self.snapshot.domains if "inventory" in self.fresh else frozenset()
         members: set[DomainRef] = set()
         if "membership" in self.fresh:
-            for refs in self.snapshot.membership.values():
+            for count, refs in enumerate(self.snapshot.membership.values(), 1):
                 members.update(refs)
+                if not count % PAUSE_EVERY:
+                    pause()
         return frozenset(known | declared | members | set(self.holds) | set(self.reserved_watts))
 
     @cached_property
     def domains(self) -> dict[DomainRef, DomainState]:
         return {ref: self._domain_state(ref) for ref in self.domain_refs}
 
-    def work_out_domains(self, pause: Callable[[], None]) -> None:
-        """`domains`, worked out now, calling `pause` every PAUSE_EVERY domains: a refresh's
-        View, before anyone reads it (State.set_snapshot)."""
-        if "domains" in self.__dict__:
+    def work_out_domains(self, pause: Pause) -> None:
+        """`domains` (and what they and the spread preference read first), worked out now,
+        calling `pause` every PAUSE_EVERY items: a refresh's View, before anyone reads it
+        (State.set_snapshot)."""
+        mine = self.__dict__
+        if "replicas_by_model" not in mine:
+            mine["replicas_by_model"] = self._replicas_by_model(pause)
+        if "domains" in mine:
             return
+        if "domain_refs" not in mine:
+            mine["domain_refs"] = self._domain_refs(pause)
         domains: dict[DomainRef, DomainState] = {}
         for count, ref in enumerate(self.domain_refs, 1):
             domains[ref] = self._domain_state(ref)
