@@ -45,7 +45,7 @@ from urllib3.util import Retry
 
 from decider.config import DeciderConfig, PrometheusSettings
 from decider.facility import KINDS, DomainRef, Kind
-from decider.giving_way import GIVE_WAY_SHARE, PAUSE_EVERY, Pause, no_pause
+from decider.giving_way import GIVE_WAY_SHARE, Pause, no_pause, paced
 from decider.promql import format_duration
 from decider.snapshot import INVENTORY_PARTS, PARTS, Condition, Part, ProfileFigures, Snapshot
 
@@ -245,7 +245,7 @@ def _samples(result: Any, pause: Pause = no_pause) -> list[_Sample]:
             f"the result is a {type(result).__name__}, not an instant vector (a list of series)"
         )
     samples: list[_Sample] = []
-    for index, item in enumerate(result):
+    for index, item in enumerate(paced(result, pause)):
         metric = item.get("metric") if isinstance(item, dict) else None
         pair = item.get("value") if isinstance(item, dict) else None
         if not isinstance(metric, dict) or not all(
@@ -258,8 +258,6 @@ def _samples(result: Any, pause: Pause = no_pause) -> list[_Sample]:
         if number is None:
             raise QueryError(f"series {_show(metric)} has value {pair[1]!r}, not a finite number")
         samples.append(_Sample(metric, number))
-        if not index % PAUSE_EVERY:
-            pause()
     return samples
 
 
@@ -336,9 +334,7 @@ def _parse(part: str, samples: list[_Sample], dropped: _Dropped, pause: Pause = 
     """One part's data, from its query's series."""
     if part == "membership":  # 60,000 series at 10,000 nodes: it gives way as it goes
         nodes: dict[str, set[DomainRef]] = {}
-        for count, sample in enumerate(samples, 1):
-            if not count % PAUSE_EVERY:
-                pause()
+        for sample in paced(samples, pause):
             node = _node(sample, dropped)
             domain = _domain(sample, dropped) if node is not None else None
             if node is not None and domain is not None:

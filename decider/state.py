@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from decider.config import Staleness
 from decider.facility import DomainRef, Facility
-from decider.giving_way import PAUSE_EVERY, Pause, no_pause
+from decider.giving_way import Pause, no_pause, paced
 from decider.models import Replica, ReservationRequest
 from decider.placement import Verdict, answers, judge, missing
 from decider.placement.view import View
@@ -164,10 +164,8 @@ class State:
         gc.disable()
         try:
             view.work_out_domains(pause)
-            for count, node in enumerate(snapshot.membership, 1):
+            for node in paced(snapshot.membership, pause):
                 view.node(node)
-                if not count % PAUSE_EVERY:
-                    pause()
             # And the placement answers' entries for the replica shapes asked about lately.
             answers.warm(view, self._view, pause)
         finally:

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from pydantic_core import to_json
 
-from decider.giving_way import PAUSE_EVERY, Pause, no_pause
+from decider.giving_way import PAUSE_EVERY, Pause, no_pause, paced
 from decider.models import Replica
 from decider.placement import (
     Decision,
@@ -319,7 +319,7 @@ class Shape:
         coarse, past = self.coarse, self._past
         top = self._top_room
         counted = 0
-        for name in untallied:
+        for name in paced(untallied, pause):
             found = over.get(name, base.get(name))
             if found is None:
                 break
@@ -331,8 +331,6 @@ class Shape:
                 past.setdefault(found.verdict.estimate.watts, set()).add(name)
             if coarse.get(name) is None:
                 self._unlisted.add(name)
-            if not counted % PAUSE_EVERY:
-                pause()
         self._top_room = top
         del self._untallied[:counted]
 

@@ -28,7 +28,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Generic, TypeVar
 
-from decider.giving_way import PAUSE_EVERY, Pause, no_pause
+from decider.giving_way import Pause, no_pause, paced
 
 V = TypeVar("V")
 
@@ -113,11 +113,9 @@ class Layered(Mapping[str, V], Generic[V]):
         written, on other threads), and an empty overlay; `pause` is called every
         PAUSE_EVERY names of the overlay (a refresh's, decider.giving_way)."""
         base = dict(self.base)
-        for count, (name, value) in enumerate(list(self.over.items()), 1):
+        for name, value in paced(list(self.over.items()), pause):
             if value is None:
                 base.pop(name, None)
             else:
                 base[name] = value
-            if not count % PAUSE_EVERY:
-                pause()
         return Layered(base, {})

@@ -29,7 +29,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from decider.facility import Domain, DomainRef, Facility
-from decider.giving_way import PAUSE_EVERY, Pause, no_pause
+from decider.giving_way import Pause, no_pause, paced
 from decider.placement.overlay import Layered
 from decider.snapshot import Condition, Snapshot
 from decider.store import Hold, Reservation
@@ -181,13 +181,11 @@ class View:
 
     def _replicas_by_model(self, pause: Pause) -> dict[tuple[str, DomainRef], int]:
         counts: dict[tuple[str, DomainRef], int] = {}
-        for number, reservation in enumerate(self.reservations.values(), 1):
+        for reservation in paced(self.reservations.values(), pause):
             for ref in self.reservation_domains(reservation):
                 if ref.kind in ("rack", "pdu"):
                     key = (reservation.model, ref)
                     counts[key] = counts.get(key, 0) + 1
-            if not number % PAUSE_EVERY:
-                pause()
         return counts
 
     @cached_property
@@ -200,10 +198,8 @@ class View:
         known = self.snapshot.domains if "inventory" in self.fresh else frozenset()
         members: set[DomainRef] = set()
         if "membership" in self.fresh:
-            for count, refs in enumerate(self.snapshot.membership.values(), 1):
+            for refs in paced(self.snapshot.membership.values(), pause):
                 members.update(refs)
-                if not count % PAUSE_EVERY:
-                    pause()
         return frozenset(known | declared | members | set(self.holds) | set(self.reserved_watts))
 
     @cached_property
@@ -222,10 +218,8 @@ class View:
         if "domain_refs" not in mine:
             mine["domain_refs"] = self._domain_refs(pause)
         domains: dict[DomainRef, DomainState] = {}
-        for count, ref in enumerate(self.domain_refs, 1):
+        for ref in paced(self.domain_refs, pause):
             domains[ref] = self._domain_state(ref)
-            if not count % PAUSE_EVERY:
-                pause()
         self.__dict__["domains"] = domains
 
     @cached_property
