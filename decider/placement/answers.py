@@ -46,6 +46,7 @@ import weakref
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, overload
 
 from pydantic_core import to_json
@@ -105,6 +106,7 @@ LINEAGE_STEPS = 8
 class Entry:
     """One node's part of the answer for one replica shape on one View."""
 
+    name: str  # the node's
     verdict: Verdict
     #: (condition, rack_room, spread): the ordering keys before the scheduler's order;
     #: None: refused.
@@ -124,6 +126,10 @@ class Entry:
     past: bool  # past its least room: it names every domain past its limit
     #: It says something in `missing`: unknown membership or an estimate's gap.
     noted: bool
+
+
+_RANK = attrgetter("rank")
+_NAME = attrgetter("name")
 
 
 @dataclass(frozen=True, slots=True)
@@ -522,6 +528,7 @@ class Shape:
                 room = state.room
         self.coarse[name] = None if coarse is None else self._intern(coarse)
         return Entry(
+            name=name,
             verdict=verdict,
             prefix=prefix,
             head=head,
@@ -632,8 +639,7 @@ def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
     parts: list[bytes] = [b""]  # [0]: the answer up to its nodes, filled in below
     append = parts.append
     refused: list[Entry] = []
-    allowed: list[str] = []
-    ranks: list[float] = []  # theirs: decide's order, less the scheduler's (a stable sort's)
+    allowed: list[Entry] = []
     texts = _index_texts(len(candidates))
     index = -1
     # One pass, as little in it as will do: it runs once per candidate of every request.
@@ -649,13 +655,13 @@ def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
             refused.append(found)
         else:
             append(texts[index])
-            allowed.append(name)
-            ranks.append(rank)
+            allowed.append(found)
     entries = cached.entries  # every candidate's entry is in it now
     if view.mode == "observe":
         order = list(candidates)
     elif cached.packed:  # a stable sort: equal ranks stay in the scheduler's order
-        order = [allowed[at] for at in sorted(range(len(ranks)), key=ranks.__getitem__)]
+        allowed.sort(key=_RANK)
+        order = list(map(_NAME, allowed))
     else:  # some key too large to pack: decide's tuples, the scheduler's order last
         keyed = [
             (prefix, index)
