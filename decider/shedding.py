@@ -48,6 +48,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
@@ -237,9 +238,15 @@ class Plan:
     missing: list[str]
     #: The pacing record after this plan: changed domains only (None: forget it).
     pacing: dict[DomainRef, Proposal | None] = field(default_factory=dict)
-    #: Power caps for warm or over-budget domains that are not hot (a hot one's is in its
-    #: entry).
-    capping: list[dict[str, Any]] = field(default_factory=list)
+    #: The View the plan was made on, for `capping`.
+    view: View | None = field(default=None, repr=False, compare=False)
+
+    @cached_property
+    def capping(self) -> list[dict[str, Any]]:
+        """Power caps for warm or over-budget domains that are not hot (a hot one's is in its
+        entry), worked out when first read: about a second at 10,000 nodes, which /metrics
+        (the plan's moves only, at every scrape) must not pay (docs/benchmarks.md)."""
+        return [] if self.view is None else capping_elsewhere(self.view)
 
     @property
     def moves(self) -> int:
@@ -298,7 +305,7 @@ def capping_for(view: View, ref: DomainRef) -> dict[str, Any] | None:
 
 def plan(view: View, now: float, pacing: Mapping[DomainRef, Proposal]) -> Plan:
     result = _plan(view, now, pacing)
-    result.capping = capping_elsewhere(view)
+    result.view = view
     return result
 
 

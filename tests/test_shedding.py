@@ -785,6 +785,34 @@ def test_the_plan_offers_a_power_cap_beside_each_move_and_for_warm_domains():
         assert (warm["domain"], warm["why"], warm["gpu_limit_watts"]) == ("r2", ["warm"], 693.0)
 
 
+def test_a_metrics_scrape_leaves_the_power_caps_unworked(monkeypatch):
+    """/metrics reads the plan's moves alone; the caps of the warm domains (about a second
+    at 10,000 nodes, docs/benchmarks.md) are worked out only for an answer that shows them."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from decider import shedding
+    from decider.shedding import SheddingCollector
+
+    worked_out: list[int] = []
+    capping_elsewhere = shedding.capping_elsewhere
+
+    def counted(view: Any) -> list[dict[str, Any]]:
+        worked_out.append(1)
+        return capping_elsewhere(view)
+
+    monkeypatch.setattr(shedding, "capping_elsewhere", counted)
+    with site({"domains": RACKS}, MEMBERSHIP) as s:
+        s.reserve("a1", 2000, "embed")
+        s.conditions[ref("rack/r1")] = "warm"
+        s.refresh()
+        registry = CollectorRegistry()
+        registry.register(SheddingCollector(s.shedder))
+        assert b"llmgw_decider_shedding_enabled 0.0" in generate_latest(registry)
+        assert worked_out == []
+        (warm,) = s.plan().as_json(600, 300)["power_capping"]
+        assert warm["domain"] == "r1" and worked_out == [1]
+
+
 def test_capping_is_offered_with_shedding_disabled_and_nothing_for_a_cool_site():
     """r1 warm with 2 kW reserved: 200 W off its 16 GPUs → 700 − 12.5 → 687 W."""
     with site({"domains": RACKS}, MEMBERSHIP) as s:
