@@ -97,12 +97,7 @@ class Service:
         config = loaded.config
         self.store = Store(config.database)
         self.in_flight = InFlight()  # counted by the API's middleware (decider.giving_way)
-        self.state = State(
-            loaded.facility,
-            self.store,
-            config.reservation_ttl,
-            config.staleness,
-        )
+        self.state = State(loaded.facility, self.store, config.reservation_ttl, config.staleness)
         self.refreshed_once = False
         self.refresher = Refresher(
             config,

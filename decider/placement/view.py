@@ -220,7 +220,7 @@ class View:
         domains: dict[DomainRef, DomainState] = {}
         for ref in paced(self.domain_refs, pause):
             domains[ref] = self._domain_state(ref)
-        self.__dict__["domains"] = domains
+        mine["domains"] = domains
 
     @cached_property
     def coarse_refs(self) -> tuple[DomainRef, ...]:
