@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py decider/placement/_entry_index.c | sha1sum | cut -c1-12)
 
 .PHONY: run test lint pytest rules fake-nvml bench bench-rules bench-decider clean debian-packages mutation dashboards
 
@@ -13,8 +13,8 @@ run: $(STAMP) debian-packages
 
 test: lint pytest rules
 
-$(STAMP): pyproject.toml
-	PYTHON=$(PYTHON) scripts/debian-packages.sh py:ensurepip=python3-venv
+$(STAMP): pyproject.toml setup.py decider/placement/_entry_index.c
+	PYTHON=$(PYTHON) scripts/debian-packages.sh py:ensurepip=python3-venv gcc=gcc include:Python.h=python3-dev
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'

@@ -471,13 +471,6 @@ def test_fill_keeps_the_views_it_reads_while_a_change_cuts_the_chain(tmp_path: P
     assert_as_decide(view, rep, CANDIDATES)
 
 
-def test_index_texts_spell_every_index() -> None:
-    texts = answers._index_texts(5_000)
-    assert len(texts) >= 5_000
-    assert all(texts[index] == b"%d}}" % index for index in range(5_000))
-    assert answers._index_texts(10) is texts  # grown only when a request needs more
-
-
 def test_a_change_leaves_its_view_out_of_the_collectors_young_generations(
     tmp_path: Path,
 ) -> None:

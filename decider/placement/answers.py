@@ -35,6 +35,13 @@ above it, and an entry not yet worked out has none to compare), so an entry fill
 base by the earlier shape would reach the later one unchecked, and one filled by the later
 shape would reach the earlier. So only what take_over or compaction decided is shared.
 
+`place` reads them in C (decider/placement/_entry_index.c): each base gets an EntryIndex,
+a read-only table of its entries made once per base (`Shape.index`: by the change or the
+refresh that made the base, else by the first placement that reads it), and one call joins
+the candidates' entries, the overlay's first, into the answer's nodes and the order. The
+loop in Python cost twice as much, most of it waiting on memory (docs/benchmarks.md,
+"Where the time goes").
+
 A shape holds its View weakly (the View holds its shapes), so a View's garbage has no
 cycles and goes when the last reference does.
 """
@@ -46,7 +53,6 @@ import weakref
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any, overload
 
 from pydantic_core import to_json
@@ -63,6 +69,7 @@ from decider.placement import (
     rack_room,
     spread,
 )
+from decider.placement._entry_index import EntryIndex
 from decider.placement.estimate import Estimate, estimate
 from decider.placement.overlay import Layered
 
@@ -89,7 +96,7 @@ _FIELD_BITS = 21
 _FIELD_LIMIT = 1 << _FIELD_BITS
 _PLACEHOLDER = b'"scheduler_order":0'
 #: What follows an allowed node's `scheduler_order` value: the end of its `scores` and of
-#: the node (Decision.as_json puts them last); the request's index texts end with it.
+#: the node (Decision.as_json puts them last); EntryIndex.join writes it after the index.
 _TAIL = b"}}"
 #: Where a View keeps its shapes (its __dict__, as View.settle keeps its figures), and where
 #: settle puts those of the View it started from.
@@ -111,8 +118,8 @@ class Entry:
     #: (condition, rack_room, spread): the ordering keys before the scheduler's order;
     #: None: refused.
     prefix: tuple[float, ...] | None
-    #: The node's JSON object; for an allowed node up to its `scheduler_order` value, which
-    #: the request fills in with the end of the object (_TAIL).
+    #: The node's JSON object after a comma; for an allowed node up to its
+    #: `scheduler_order` value, which the request fills in with the end of the object (_TAIL).
     head: bytes
     #: An allowed node's prefix as one float, ordered as the prefixes are (Shape.packed says
     #: whether every prefix fitted); None: refused.
@@ -126,10 +133,6 @@ class Entry:
     past: bool  # past its least room: it names every domain past its limit
     #: It says something in `missing`: unknown membership or an estimate's gap.
     noted: bool
-
-
-_RANK = attrgetter("rank")
-_NAME = attrgetter("name")
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +210,8 @@ class Shape:
         #: Per node (a base shared with the shapes before and after, and this shape's own
         #: overlay: decider.placement.overlay); the base is never written once shared.
         self.entries: Layered[Entry] = Layered()
+        #: The EntryIndex of a base, with the base (`index`).
+        self._index: tuple[dict[str, Entry], EntryIndex] | None = None
         #: Per node, the states of its row, room and site its entry holds for this View
         #: (shared by the nodes that have the same ones); None: never carried over.
         self.coarse: dict[str, tuple[DomainState, ...] | None] = {}
@@ -249,6 +254,15 @@ class Shape:
         view = self._view()
         assert view is not None, "a shape is used only while its View is"
         return view
+
+    def index(self) -> EntryIndex:
+        """The EntryIndex of this shape's base, made when first asked for this base (a base
+        is never written once made: decider.placement.overlay)."""
+        base = self.entries.base
+        made = self._index
+        if made is None or made[0] is not base:
+            made = self._index = (base, EntryIndex(base))
+        return made[1]
 
     def entry(self, name: str) -> Entry:
         found = self.entries.get(name)
@@ -398,6 +412,7 @@ class Shape:
                     for name in [n for n in names if ref in (view.membership(n) or ())]:
                         drop(name)
         self.entries = entries.bounded()
+        self._index = earlier._index  # the same base's, unless bounded() made a new one
         self._top_room, self._past = top, past
         self.noted = earlier.noted  # at most more than needed: `missing` then finds nothing
         self.packed = earlier.packed
@@ -603,6 +618,8 @@ def warm(view: View, before: View, pause: Pause = no_pause) -> None:
         warmed.tally(pause)  # for the next View's take_over, here rather than in a placement
         # One base of them all, before anything reads them: the changes after it share it.
         warmed.entries = warmed.entries.compacted(pause)
+        pause()
+        warmed.index()
 
 
 def prepare(view: View) -> None:
@@ -628,41 +645,29 @@ def prepare(view: View) -> None:
             if len(made.dropped) <= PREPARED_NODES:
                 made.fill(made.dropped)
             made.dropped = []
+            made.index()  # a new one only when the takeover compacted a new base
 
 
 def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
     """`decide(view, replica, candidates)`, answered from and into the View's cache."""
     cached = shape(view, replica)
     cached.idle = 0
-    # The overlay, then the base (decider.placement.overlay): None where neither has it.
-    over_get, base_get = cached.entries.over.get, cached.entries.base.get
-    parts: list[bytes] = [b""]  # [0]: the answer up to its nodes, filled in below
-    append = parts.append
-    refused: list[Entry] = []
-    allowed: list[Entry] = []
-    texts = _index_texts(len(candidates))
-    index = -1
-    # One pass, as little in it as will do: it runs once per candidate of every request.
-    for name in candidates:
-        index += 1
-        found = over_get(name, base_get(name))
-        if found is None:  # this one and every later one the shape has not yet, at once
-            cached.fill(candidates[index:])
-            found = cached.entries[name]
-        append(found.head)
-        rank = found.rank
-        if rank is None:
-            refused.append(found)
-        else:
-            append(texts[index])
-            allowed.append(found)
+    index = cached.index()
+    joined = index.join(cached.entries.over, candidates)
+    while isinstance(joined, int):  # that candidate and the later ones the shape has not yet
+        cached.fill(candidates[joined:])
+        # A new shape's entries all go into its overlay, which EntryIndex does not hold:
+        # compacted once past its bound, the next placements read them from the index.
+        cached.entries = cached.entries.bounded()
+        index = cached.index()
+        again = index.join(cached.entries.over, candidates)
+        assert not isinstance(again, int) or again > joined, "fill made the entry"
+        joined = again
+    nodes, order, refused = joined
     entries = cached.entries  # every candidate's entry is in it now
     if view.mode == "observe":
         order = list(candidates)
-    elif cached.packed:  # a stable sort: equal ranks stay in the scheduler's order
-        allowed.sort(key=_RANK)
-        order = list(map(_NAME, allowed))
-    else:  # some key too large to pack: decide's tuples, the scheduler's order last
+    elif not cached.packed:  # some key too large to pack: decide's tuples, the scheduler's last
         keyed = [
             (prefix, index)
             for index, name in enumerate(candidates)
@@ -676,38 +681,18 @@ def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
     frame = to_json(
         {"mode": view.mode, "order": order, "nodes": [], "missing": notes, "summary": summary}
     )
-    before, nodes, after = frame.partition(b'"nodes":[]')
-    assert nodes, "the answer has its nodes"
-    parts[0] = before + b'"nodes":['
-    if len(parts) > 1:  # a node's head starts with a comma, but for the first node's
-        parts[1] = parts[1][1:]
-    append(b"]" + after)
-    body = b"".join(parts)
+    before, placeholder, after = frame.partition(b'"nodes":[]')
+    assert placeholder, "the answer has its nodes"
     return Answer(
         mode=view.mode,
         order=order,
-        body=body,
+        body=b"".join((before, b'"nodes":[', nodes, b"]", after)),
         summary=summary,
         judged=len(candidates),
         refused=len(refused),
         refusals_by_rule=tally,
         refusals=Refusals(refused),
     )
-
-
-#: b"0}}", b"1}}", …: the candidates' indexes as their answer spells them, each with the end
-#: of its node (_TAIL), made as requests need them (at most PlacementRequest's 100,000
-#: candidates: 6 MB).
-_INDEX_TEXTS: list[bytes] = []
-
-
-def _index_texts(count: int) -> list[bytes]:
-    global _INDEX_TEXTS
-    texts = _INDEX_TEXTS
-    if len(texts) < count:  # a new list, swapped in whole: another thread may be reading
-        texts = [b"%d%s" % (index, _TAIL) for index in range(max(count, 2 * len(texts), 1024))]
-        _INDEX_TEXTS = texts
-    return texts
 
 
 def _union(seen: set[str] | None, redone: set[str] | None) -> set[str] | None:
