@@ -547,6 +547,30 @@ def test_answers_hold_across_many_writes_past_the_overlays_bound(
     assert len(bases) > 4 and shared > 0, (len(bases), shared)
 
 
+def test_a_new_shapes_entries_go_into_its_index_once_placements_filled_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A new shape fills its overlay, which EntryIndex.join looks up entry by entry in a dict;
+    # past the overlay's bound a placement compacts it, so that later ones read the index.
+    from decider.placement import overlay
+
+    monkeypatch.setattr(overlay, "limit", lambda base_size: 2)
+    view = new_site(tmp_path).view()
+    assert_as_decide(view, SHAPES[0], CANDIDATES[:3])
+    made = answers.shape(view, SHAPES[0])
+    assert not made.entries.over and len(made.index()) == 3
+    assert_as_decide(view, SHAPES[0], CANDIDATES[2:4])  # one more: within the bound
+    assert len(made.entries.over) == 1 and len(made.index()) == 3
+    assert_as_decide(view, SHAPES[0], CANDIDATES)
+    assert not made.entries.over and len(made.index()) == len(CANDIDATES)
+
+    def no_fill(self: answers.Shape, names: list[str]) -> None:
+        raise AssertionError(f"worked out again: {names}")
+
+    monkeypatch.setattr(answers.Shape, "fill", no_fill)
+    assert_as_decide(view, SHAPES[0], list(reversed(CANDIDATES)))
+
+
 def test_a_node_state_goes_into_the_shared_base_only_where_every_view_agrees(
     tmp_path: Path,
 ) -> None:
