@@ -19,6 +19,7 @@ import uvicorn
 
 from decider.api import create_app
 from decider.config import split_listen
+from decider.placement import entry_index
 from decider.service import Service, load_all
 from decider.store import StoreError
 from exporter.yamlfile import ConfigError
@@ -80,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=service.reload, name="reload", daemon=True).start()
 
     signal.signal(signal.SIGHUP, on_hangup)
+    if not entry_index.COMPILED:
+        log.warning(
+            "the placement loop in C (decider/placement/_entry_index.c) is not built: "
+            "placements join their candidates in Python, taking up to twice as long; install the "
+            "package where a C compiler and Python's headers are (Debian: gcc, python3-dev)"
+        )
     service.start()
     log.info(
         "serving on http://%s:%d (mode %s, facility %s, Prometheus %s)",

@@ -1,9 +1,10 @@
-"""decider/placement/_entry_index.c against the loop in Python it stands for.
+"""decider/placement/_entry_index.c against its Python stand-in, the loop it replaced.
 
-`EntryIndex.join` must give what the Python loop of decider.placement.answers gave before
-it (kept here as `joined_in_python`): the nodes' bytes, the order, the refused entries, or
-the first candidate with no entry. tests/test_placement_answers.py holds whole answers to
-`decide`'s; these hold the C loop to its own rules, chunk boundaries and bad input included.
+`EntryIndex.join` in C must give what `EntryIndexInPython.join` gives (decider.placement.
+entry_index): the nodes' bytes, the order, the refused entries, or the first candidate with
+no entry. tests/test_placement_answers.py holds whole answers to `decide`'s through each of
+the two; these hold the C loop to the Python one, its rounds of fetching ahead and bad input
+included.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from decider.placement import entry_index
 from decider.placement._entry_index import EntryIndex
+from decider.placement.entry_index import EntryIndexInPython
 
 
 @dataclass(frozen=True, slots=True, weakref_slot=True)
@@ -27,24 +30,11 @@ class Entry:  # what EntryIndex reads of answers.Entry
     rank: float | None
 
 
-def joined_in_python(
-    base: dict[str, Entry], over: dict[str, Entry | None], candidates: list[str]
-) -> tuple[bytes, list[str], list[Entry]] | int:
-    parts: list[bytes] = []
-    allowed: list[tuple[float, int]] = []
-    refused: list[Entry] = []
-    for index, name in enumerate(candidates):
-        found = over.get(name, base.get(name))
-        if found is None:
-            return index
-        parts.append(found.head[1:] if index == 0 else found.head)
-        if found.rank is None:
-            refused.append(found)
-        else:
-            parts.append(b"%d}}" % index)
-            allowed.append((found.rank, index))
-    allowed.sort()
-    return b"".join(parts), [candidates[index] for _, index in allowed], refused
+def test_the_c_loop_is_built() -> None:
+    # `make` installs gcc and python3-dev first; without them the package installs without
+    # it and every placement runs the Python loop (setup.py), which CI must not hide.
+    assert entry_index.COMPILED, "decider/placement/_entry_index.c is not built: pip install -e ."
+    assert entry_index.EntryIndex is EntryIndex
 
 
 def entry(name: str, rank: float | None) -> Entry:
@@ -62,7 +52,7 @@ def assert_joined_alike(
     base: dict[str, Entry], over: dict[str, Entry | None], candidates: list[str]
 ) -> None:
     got = EntryIndex(base).join(over, candidates)
-    want = joined_in_python(base, over, candidates)
+    want = EntryIndexInPython(base).join(over, candidates)
     if isinstance(want, int):
         assert got == want
         return
@@ -84,7 +74,7 @@ names = st.sampled_from([f"n{i}" for i in range(40)] + ["ü-node", "节点-1", "
     st.booleans(),
     st.lists(names, unique=True, max_size=40),
 )
-def test_join_is_the_loop_in_python(
+def test_join_is_the_python_loops(
     ranks: dict[str, float | None],
     over_ranks: dict[str, float | None],
     stale_some: bool,

@@ -5,7 +5,8 @@ put on and taken off racks, rows and the site, refreshes with other readings, a 
 the facility file), `answers.place` must give the bytes of
 `to_json(decide(view, replica, candidates).as_json())`, and the same order, summary and
 refusal counts, for any candidates in any order, whether its entries were worked out on
-this View, carried over from the View before, or both.
+this View, carried over from the View before, or both; through the C loop and through its
+Python stand-in alike (decider.placement.entry_index: every test runs with each).
 
 The site: row/1 of racks r1 and r2, budgeted tight enough to bind before its racks do,
 row/2 of r3, r4 and r5 with no budget, a room and a site with caps; rack r3 hot, r4 over its
@@ -32,6 +33,7 @@ from pydantic_core import to_json
 from decider.facility import DomainRef
 from decider.models import Replica
 from decider.placement import answers, decide
+from decider.placement.entry_index import EntryIndexInPython
 from decider.placement.view import View
 from tests.test_placement import NOW, Site, make_facility, make_snapshot, replica
 
@@ -95,6 +97,15 @@ def readings(scale: float = 1.0, **watts: float) -> Any:
         gpus=gpus,
         limits=limits,
     )
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def joined_through(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test through the C EntryIndex, and again through the Python one, which a
+    package built without a C compiler runs."""
+    if request.param == "python":
+        monkeypatch.setattr(answers, "EntryIndex", EntryIndexInPython)
+    return str(request.param)
 
 
 def facility(mode: str = "enforce", **more: Any) -> Any:

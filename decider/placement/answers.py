@@ -35,8 +35,9 @@ above it, and an entry not yet worked out has none to compare), so an entry fill
 base by the earlier shape would reach the later one unchecked, and one filled by the later
 shape would reach the earlier. So only what take_over or compaction decided is shared.
 
-`place` reads them in C (decider/placement/_entry_index.c): each base gets an EntryIndex,
-a read-only table of its entries made once per base (`Shape.index`: by the change or the
+`place` reads them in C (decider/placement/_entry_index.c, or its Python stand-in where the
+package was built without a C compiler: decider.placement.entry_index): each base gets an
+EntryIndex, a read-only table of its entries made once per base (`Shape.index`: by the change or the
 refresh that made the base, else by the first placement that reads it), and one call joins
 the candidates' entries, the overlay's first, into the answer's nodes and the order. The
 loop in Python cost twice as much, most of it waiting on memory (docs/benchmarks.md,
@@ -69,7 +70,7 @@ from decider.placement import (
     rack_room,
     spread,
 )
-from decider.placement._entry_index import EntryIndex
+from decider.placement.entry_index import EntryIndex
 from decider.placement.estimate import Estimate, estimate
 from decider.placement.overlay import Layered
 
