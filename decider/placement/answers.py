@@ -37,11 +37,11 @@ shape would reach the earlier. So only what take_over or compaction decided is s
 
 `place` reads them in C (decider/placement/_entry_index.c, or its Python stand-in where the
 package was built without a C compiler: decider.placement.entry_index): each base gets an
-EntryIndex, a read-only table of its entries made once per base (`Shape.index`: by the change or the
-refresh that made the base, else by the first placement that reads it), and one call joins
-the candidates' entries, the overlay's first, into the answer's nodes and the order. The
-loop in Python cost twice as much, most of it waiting on memory (docs/benchmarks.md,
-"Where the time goes").
+EntryIndex, a read-only table of its entries made once per base (`Shape.index`: by the
+change or the refresh that made the base, else by the first placement that reads it), and
+one call joins the candidates' entries, the overlay's first, into the answer's nodes and the
+order. The loop in Python cost twice as much, most of it waiting on memory
+(docs/benchmarks.md, "Where the time goes").
 
 A shape holds its View weakly (the View holds its shapes), so a View's garbage has no
 cycles and goes when the last reference does.
@@ -653,15 +653,13 @@ def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
     """`decide(view, replica, candidates)`, answered from and into the View's cache."""
     cached = shape(view, replica)
     cached.idle = 0
-    index = cached.index()
-    joined = index.join(cached.entries.over, candidates)
+    joined = cached.index().join(cached.entries.over, candidates)
     while isinstance(joined, int):  # that candidate and the later ones the shape has not yet
         cached.fill(candidates[joined:])
         # A new shape's entries all go into its overlay, which EntryIndex does not hold:
         # compacted once past its bound, the next placements read them from the index.
         cached.entries = cached.entries.bounded()
-        index = cached.index()
-        again = index.join(cached.entries.over, candidates)
+        again = cached.index().join(cached.entries.over, candidates)
         assert not isinstance(again, int) or again > joined, "fill made the entry"
         joined = again
     nodes, order, refused = joined
