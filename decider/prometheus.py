@@ -95,7 +95,8 @@ QUERIES: dict[str, str] = {
 }
 assert QUERIES.keys() == PARTS.keys(), "one query per snapshot part"
 
-#: A domain showing two conditions at once (a state set caught mid-change, two rulers)
+#: A domain showing two conditions at once (two rulers, or a state set read half written
+#: where a ruler's write is no transaction: vmalert, docs/rules.md)
 #: counts as the worse one.
 CONDITION_RANK: dict[str, int] = {"unknown": 0, "ok": 1, "warm": 2, "hot": 3}
 
