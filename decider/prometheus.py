@@ -70,7 +70,12 @@ QUERIES: dict[str, str] = {
     "membership": "last_over_time(llmgw:node_domain:membership[{window}])",
     "inventory": "last_over_time(llmgw_domain_info[{window}])",
     "measured": "last_over_time(llmgw_domain_measured_watts[{window}])",
-    "conditions": "last_over_time(llmgw_domain_condition[{window}]) == 1",
+    # Each domain's condition at 1; a domain with none at 1 (its state set read half written,
+    # docs/rules.md) comes back as one series without a `condition` label. A plain `or` of
+    # disjoint sets: VictoriaMetrics 1.79 answers `… or on (kind, domain) max by (…) (…)` with
+    # the raw series of the right side.
+    "conditions": "last_over_time(llmgw_domain_condition[{window}]) == 1 or "
+    "max by (kind, domain) (last_over_time(llmgw_domain_condition[{window}])) < 1",
     "ages": "last_over_time(llmgw_domain_reading_age_seconds[{window}])",
     "gpus": "last_over_time(llmgw:node_gpus:count[{window}])",
     "limits": "max by (node) (last_over_time(llmgw_gpu_power_limit_watts[{window}]))",
@@ -99,6 +104,11 @@ assert QUERIES.keys() == PARTS.keys(), "one query per snapshot part"
 #: where a ruler's write is no transaction: vmalert, docs/rules.md)
 #: counts as the worse one.
 CONDITION_RANK: dict[str, int] = {"unknown": 0, "ok": 1, "warm": 2, "hot": 3}
+#: How long a refresh waits to read the conditions again when a domain's state set was read
+#: half written, with no condition at 1 (at most a quarter of the reader's budget). vmalert
+#: writing into VictoriaMetrics has a rule's samples all searchable a second or two after the
+#: first (docs/rules.md, "A state set can be read half written").
+HALF_WRITTEN_REREAD_S = 2.0
 
 
 class QueryError(Exception):
@@ -346,8 +356,13 @@ def _parse(part: str, samples: list[_Sample], dropped: _Dropped, pause: Pause = 
         return frozenset(domain for domain in found if domain is not None)
     if part == "conditions":
         conditions: dict[DomainRef, Condition] = {}
+        half_written: set[DomainRef] = set()
         for sample in samples:
-            condition = sample.labels.get("condition", "")
+            if "condition" not in sample.labels:  # the query's mark: none at 1
+                if (domain := _domain(sample, dropped)) is not None:
+                    half_written.add(domain)
+                continue
+            condition = sample.labels["condition"]
             if condition not in CONDITION_RANK:
                 dropped.add(sample, f"condition {condition!r} is not one of ok, warm, hot, unknown")
                 continue
@@ -357,7 +372,7 @@ def _parse(part: str, samples: list[_Sample], dropped: _Dropped, pause: Pause = 
             held = conditions.get(domain)
             if held is None or CONDITION_RANK[condition] > CONDITION_RANK[held]:
                 conditions[domain] = cast(Condition, condition)
-        return conditions
+        return _ConditionsRead(conditions, frozenset(half_written - conditions.keys()))
     if part in ("measured", "ages", "hot"):
         return _per_domain(samples, dropped)
     if part == "gpus":
@@ -430,10 +445,48 @@ def _shown(promql: str) -> str:
     return promql if len(promql) <= MAX_QUERY_CHARS else promql[: MAX_QUERY_CHARS - 1] + "…"
 
 
+@dataclass(frozen=True)
+class _ConditionsRead:
+    """The conditions part as read: each domain's condition, and the domains whose state set
+    was read half written (no condition at 1)."""
+
+    conditions: dict[DomainRef, Condition]
+    half_written: frozenset[DomainRef]
+
+
+def _settle_conditions(
+    read: _ConditionsRead, previous: Mapping[DomainRef, Condition]
+) -> tuple[dict[DomainRef, Condition], str | None]:
+    """The conditions to use: as read, and for a domain still read half written, the
+    condition it had before (none: unknown), with a note saying so."""
+    conditions = dict(read.conditions)
+    if not read.half_written:
+        return conditions, None
+    for domain in read.half_written:
+        if domain in previous:
+            conditions[domain] = previous[domain]
+    first = min(read.half_written)
+    return conditions, (
+        f"{len(read.half_written)} domain(s) read with no condition at 1 twice (a state set "
+        f"half written), e.g. {first}: each keeps its previous condition, else unknown"
+    )
+
+
 def _read_part(
     reader: PrometheusReader, part: str, promql: str, pause: Pause = no_pause
 ) -> tuple[Any, str | None]:
-    """(data, note) for one part; raises QueryError with the part and query named."""
+    """(data, note) for one part; raises QueryError with the part and query named. A
+    conditions answer with a state set read half written is read once more, a moment later."""
+    data, note = _read_part_once(reader, part, promql, pause)
+    if isinstance(data, _ConditionsRead) and data.half_written:
+        time.sleep(min(HALF_WRITTEN_REREAD_S, reader.budget_s / 4))
+        data, note = _read_part_once(reader, part, promql, pause)
+    return data, note
+
+
+def _read_part_once(
+    reader: PrometheusReader, part: str, promql: str, pause: Pause = no_pause
+) -> tuple[Any, str | None]:
     try:
         dropped = _Dropped()
         data = _parse(part, _samples(reader.query(promql), pause), dropped, pause)
@@ -541,6 +594,9 @@ def refresh(
             parts[part] = Part(read_at=read_at, error=str(outcome))
         else:
             data[part], note = outcome
+            if part == "conditions":
+                data[part], settled = _settle_conditions(data[part], previous.conditions)
+                note = "; ".join(text for text in (note, settled) if text) or None
             parts[part] = Part(read_at=now, error=note)
             if part == "profiles":
                 remember = inventory_window_seconds or window_seconds

@@ -44,7 +44,7 @@ from decider.prometheus import (
     queries,
     refresh,
 )
-from decider.snapshot import INVENTORY_PARTS, PARTS, ProfileFigures, Snapshot
+from decider.snapshot import INVENTORY_PARTS, PARTS, Part, ProfileFigures, Snapshot
 from tests.promstack import Server, free_port, prometheus, victoria_metrics
 
 TIMEOUT_S = 0.3
@@ -110,11 +110,12 @@ def json_reply(payload: Any, status: int = 200) -> Reply:
 
 
 class FakePrometheus:
-    """`/api/v1/query` on a loopback port; `replies` picks the answer by the series queried."""
+    """`/api/v1/query` on a loopback port; `replies` picks the answer by the series queried
+    (a list: one answer per query of that series, the last one repeated)."""
 
     def __init__(self) -> None:
         self.default = Reply(status=404, body=b"no reply set")
-        self.replies: dict[str, Reply] = {}
+        self.replies: dict[str, Reply | list[Reply]] = {}
         self.queries: list[str] = []
         self.asked = threading.Event()
         self.release = threading.Event()
@@ -166,10 +167,15 @@ class FakePrometheus:
         self.asked.set()
         for series, reply in self.replies.items():
             if f"{series}[" in query:
-                return reply
+                if not isinstance(reply, list):
+                    return reply
+                with self._lock:
+                    return reply.pop(0) if len(reply) > 1 else reply[0]
         return self.default
 
-    def answer(self, replies: Mapping[str, Reply], default: Reply | None = None) -> None:
+    def answer(
+        self, replies: Mapping[str, Reply | list[Reply]], default: Reply | None = None
+    ) -> None:
         """Answer a query of `series` with `replies[series]`, any other with `default`."""
         self.replies = dict(replies)
         if default is not None:
@@ -305,7 +311,10 @@ def test_the_queries_read_only_fresh_samples_in_plain_promql():
     assert "[20m:30s]" in queries(90, hot_lookback_seconds=1200)["hot"]
     assert "[20s:1s]" in queries(90, hot_lookback_seconds=20)["hot"]  # the demo's, scaled
     assert queries(0.5)["gpus"] == "last_over_time(llmgw:node_gpus:count[500ms])"
-    assert queries(120)["conditions"] == "last_over_time(llmgw_domain_condition[2m]) == 1"
+    assert queries(120)["conditions"] == (
+        "last_over_time(llmgw_domain_condition[2m]) == 1 or "
+        "max by (kind, domain) (last_over_time(llmgw_domain_condition[2m])) < 1"
+    )
     assert queries(60)["limits"] == (
         "max by (node) (last_over_time(llmgw_gpu_power_limit_watts[1m]))"
     )
@@ -499,6 +508,56 @@ def test_one_failing_query_ages_its_part_alone(fake, reader):
     fresh, missing = snapshot.fresh_parts(T0 + 150, readings_limit=60, inventory_limit=3600)
     assert "conditions" not in fresh and "gpus" in fresh
     assert any("domain conditions" in line and "HTTP error" in line for line in missing)
+
+
+def half_written(*domains: DomainRef, whole: Mapping[DomainRef, str] | None = None) -> Reply:
+    """A conditions answer as the query gives it: a domain at none of its conditions at 1
+    (its state set read half written) as one series without a `condition` label."""
+    marks = [({"kind": d.kind, "domain": d.name}, "0") for d in domains]
+    read = [
+        ({"kind": d.kind, "domain": d.name, "condition": c}, "1") for d, c in (whole or {}).items()
+    ]
+    return vector(*read, *marks)
+
+
+def conditions_queries(fake: FakePrometheus) -> int:
+    return sum(SERIES["conditions"] + "[" in query for query in fake.queries)
+
+
+def test_a_state_set_read_half_written_is_read_again(fake, reader):
+    baseline = good_baseline(fake, reader)
+    answers: dict[str, Reply | list[Reply]] = dict(good_answers())
+    answers[SERIES["conditions"]] = [
+        half_written(rack("r1"), whole={rack("r2"): "ok"}),  # r1 between warm and hot
+        half_written(whole={rack("r1"): "hot", rack("r2"): "ok"}),  # a moment later: whole
+    ]
+    fake.answer(answers)
+    asked = conditions_queries(fake)
+
+    snapshot = refresh(baseline, reader, WINDOW_S, T0 + 60)
+
+    assert conditions_queries(fake) - asked == 2
+    assert snapshot.conditions == {rack("r1"): "hot", rack("r2"): "ok"}
+    assert snapshot.parts["conditions"] == Part(read_at=T0 + 60)
+
+
+def test_a_state_set_read_half_written_twice_keeps_the_previous_condition(fake, reader):
+    baseline = good_baseline(fake, reader)  # rack r1 hot, rack r2 ok
+    answers: dict[str, Reply | list[Reply]] = dict(good_answers())
+    answers[SERIES["conditions"]] = half_written(rack("r1"), rack("r3"), whole={rack("r2"): "warm"})
+    fake.answer(answers)
+    asked = conditions_queries(fake)
+
+    snapshot = refresh(baseline, reader, WINDOW_S, T0 + 60)
+
+    assert conditions_queries(fake) - asked == 2  # read once more, no more
+    # r1 keeps its hot; r3, never read before, is unknown (absent); r2 as read.
+    assert snapshot.conditions == {rack("r1"): "hot", rack("r2"): "warm"}
+    part = snapshot.parts["conditions"]
+    assert part.read_at == T0 + 60  # read, so fresh: the note says what was made of it
+    assert part.error is not None and "2 domain(s)" in part.error and "rack/r1" in part.error
+    fresh, _ = snapshot.fresh_parts(T0 + 61, readings_limit=60, inventory_limit=3600)
+    assert "conditions" in fresh
 
 
 def test_a_profile_no_longer_measured_keeps_its_last_figures_and_their_time(fake, reader):
@@ -720,6 +779,9 @@ def exposition(stale_ms: int) -> bytes:
     # pdu/r1-a mid-change, two states at 1: the worse one counts.
     for state in ("ok", "hot"):
         lines.append(f'llmgw_domain_condition{{kind="pdu",domain="r1-a",condition="{state}"}} 1')
+    # pdu/r1-b read half written, none at 1: the query marks it, and it stays unknown.
+    for state in ("ok", "warm", "hot", "unknown"):
+        lines.append(f'llmgw_domain_condition{{kind="pdu",domain="r1-b",condition="{state}"}} 0')
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -808,7 +870,10 @@ def test_the_refresher_reads_a_real_server(engine: Server):
         reader.close()
 
     assert snapshot.prometheus_up, {name: part.error for name, part in snapshot.parts.items()}
-    assert all(part.error is None for part in snapshot.parts.values())
+    notes = {name: part.error for name, part in snapshot.parts.items() if part.error}
+    assert notes.keys() == {"conditions"}, notes
+    assert "1 domain(s) read with no condition at 1 twice" in notes["conditions"]
+    assert "pdu/r1-b" in notes["conditions"]
     assert snapshot.membership == {
         "n1": (pdu("r1-a"), pdu("r1-b"), rack("r1")),
         "n2": (pdu("r1-a"), rack("r1")),
