@@ -1,5 +1,5 @@
 """Real servers for end-to-end tests: Prometheus, Alertmanager, VictoriaMetrics, vmalert,
-the exporter, a webhook.
+the exporter, a webhook, a static scrape target.
 
 Each helper is a context manager that starts its server on a free 127.0.0.1 port
 with its files in a directory the caller gives (a pytest tmp dir), waits until it
@@ -297,6 +297,38 @@ def exporter(
 
     with running("exporter", command, workdir, ready, env=env) as server:
         yield server
+
+
+@contextmanager
+def metrics_target(body: Callable[[], bytes | None]) -> Iterator[str]:
+    """host:port on 127.0.0.1 serving `body()`, a text exposition made at each scrape
+    (None: HTTP 500, a target that is down)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            made = body()
+            status, payload = (500, b"down\n") if made is None else (200, made)
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
 
 
 @dataclass

@@ -15,16 +15,12 @@ reads: in 10 s, a pass by chance is out of reach.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from threading import Thread
 
 import requests
 
 from decider.demo.scale import scale_rules
-from tests.promstack import prometheus
+from tests.promstack import metrics_target, prometheus
 
 REPO = Path(__file__).resolve().parent.parent
 FACTOR = 60  # the rules' 30 s interval becomes 0.5 s
@@ -54,34 +50,6 @@ def _exposition(elapsed: float) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-@contextmanager
-def _inputs() -> Iterator[str]:
-    """An exposition of every domain's inputs at 127.0.0.1:port, the inlets swinging."""
-    started = time.monotonic()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = _exposition(time.monotonic() - started)
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-
 def _state_sets(url: str) -> dict[str, list[str]]:
     """domain → the conditions at 1, as one instant query reads them."""
     answer = requests.get(
@@ -98,8 +66,9 @@ def _state_sets(url: str) -> dict[str, list[str]]:
 def test_every_read_finds_each_domain_at_exactly_one_condition(tmp_path: Path) -> None:
     rules = tmp_path / "conditions.yml"
     rules.write_text(scale_rules((REPO / "rules" / "conditions.yml").read_text(), FACTOR))
+    started = time.monotonic()
     with (
-        _inputs() as target,
+        metrics_target(lambda: _exposition(time.monotonic() - started)) as target,
         prometheus(
             tmp_path / "prometheus",
             rule_files=[rules],

@@ -26,12 +26,10 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +38,7 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.promstack import Server, free_port, prometheus, victoria_metrics
+from tests.promstack import Server, free_port, metrics_target, prometheus, victoria_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 #: Deadline for anything awaited by polling: a start, a scrape, data leaving the window.
@@ -158,33 +156,10 @@ class StaticExporter:
 @contextmanager
 def static_exporter() -> Iterator[StaticExporter]:
     body = exposition()
-    exporter: StaticExporter
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            status, payload = (500, b"down\n") if exporter.failing else (200, body)
-            self.send_response(status)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    exporter = StaticExporter(f"127.0.0.1:{server.server_address[1]}")
-    thread = threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-    )
-    thread.start()
-    try:
+    exporter = StaticExporter(target="")
+    with metrics_target(lambda: None if exporter.failing else body) as target:
+        exporter.target = target
         yield exporter
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 @dataclass

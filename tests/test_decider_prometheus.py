@@ -45,7 +45,7 @@ from decider.prometheus import (
     refresh,
 )
 from decider.snapshot import INVENTORY_PARTS, PARTS, Part, ProfileFigures, Snapshot
-from tests.promstack import Server, free_port, prometheus, victoria_metrics
+from tests.promstack import Server, free_port, metrics_target, prometheus, victoria_metrics
 
 TIMEOUT_S = 0.3
 RETRIES = 1
@@ -789,30 +789,8 @@ def exposition(stale_ms: int) -> bytes:
 def static_exporter() -> Iterator[str]:
     """host:port of a /metrics that publishes the rules' output series as they are."""
     body = exposition(stale_ms=int((time.time() - STALE_AGE_S) * 1000))
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-    )
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with metrics_target(lambda: body) as target:
+        yield target
 
 
 @pytest.fixture(scope="module")

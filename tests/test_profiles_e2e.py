@@ -28,13 +28,11 @@ from __future__ import annotations
 
 import csv
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +41,7 @@ import requests
 import yaml
 
 from tests.decider_harness import Decider, poll
-from tests.promstack import Server, binary, prometheus, victoria_metrics, vmalert
+from tests.promstack import Server, binary, metrics_target, prometheus, victoria_metrics, vmalert
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "tests" / "fixtures" / "mlenergy" / "llama-3.3-70b-instruct.csv"
@@ -133,30 +131,13 @@ def samples(at: float, t0: float) -> list[tuple[str, float]]:
 def site_target(t0: float) -> Iterator[str]:
     """host:port serving the site's series at the time of each scrape."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = "".join(f"{series} {value!r}\n" for series, value in samples(time.time(), t0))
-            payload = body.encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+    def body() -> bytes:
+        return "".join(
+            f"{series} {value!r}\n" for series, value in samples(time.time(), t0)
+        ).encode()
 
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.daemon = True
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with metrics_target(body) as target:
+        yield target
 
 
 def timeline(t0: float, end: float) -> Iterator[tuple[float, str, float]]:
