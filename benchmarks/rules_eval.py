@@ -73,7 +73,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from exporter.metrics import METRICS, THERMAL_REASONS  # noqa: E402 - root on sys.path now
+from llmgw_common.metrics import METRICS, THERMAL_REASONS  # noqa: E402 - root on sys.path now
 
 RESULTS = REPO / "benchmarks" / "results" / "rules_eval.json"
 RULE_FILES = sorted([*REPO.glob("rules/*.yml"), *REPO.glob("alerts/*.yml")])

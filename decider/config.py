@@ -16,7 +16,7 @@ staleness:
   inventory: 1h                 # membership, GPU counts, GPU power limits
 ```
 
-A bad file is refused whole with every problem's line (`exporter.yamlfile.load_model`).
+A bad file is refused whole with every problem's line (`llmgw_common.yamlfile.load_model`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from exporter.yamlfile import Duration, load_model
+from llmgw_common.yamlfile import Duration, load_model
 
 DEFAULT_PORT = 9851
 

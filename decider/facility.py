@@ -36,7 +36,7 @@ and `llmgw-facility rules render` cannot disagree:
   label value exactly as the nodes declare it in agent.yaml.
 
 A bad file is refused whole, every problem at once with its file and line
-(`exporter.yamlfile.load_model`). This module reads the file and nothing else.
+(`llmgw_common.yamlfile.load_model`). This module reads the file and nothing else.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from decider import promql
-from exporter.yamlfile import Duration, load_model
+from llmgw_common.yamlfile import Duration, load_model
 
 Kind = Literal["site", "room", "row", "rack", "pdu"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
@@ -640,6 +640,6 @@ class Facility(_Model):
 
 
 def load(path: Path) -> Facility:
-    """Read and validate facility.yaml. Raises exporter.yamlfile.ConfigError listing every
+    """Read and validate facility.yaml. Raises llmgw_common.yamlfile.ConfigError listing every
     problem as `path:line: field: reason`."""
     return load_model(path, Facility)

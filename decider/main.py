@@ -22,7 +22,7 @@ from decider.config import split_listen
 from decider.placement import entry_index
 from decider.service import Service, load_all
 from decider.store import StoreError
-from exporter.yamlfile import ConfigError
+from llmgw_common.yamlfile import ConfigError
 
 log = logging.getLogger("llmgw-decider")
 

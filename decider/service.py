@@ -23,7 +23,7 @@ from decider.prometheus import Refresher
 from decider.shedding import Shedder, SheddingCollector
 from decider.state import State
 from decider.store import Store
-from exporter.yamlfile import ConfigError
+from llmgw_common.yamlfile import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from exporter.config import AgentConfig
-from exporter.metrics import METRICS
 from exporter.poller import SourceRunner
 from exporter.samples import Sample
+from llmgw_common.metrics import METRICS
 
 
 def declared_samples(config: AgentConfig) -> list[Sample]:

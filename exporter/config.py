@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from exporter.sources import SOURCES
 from exporter.sources.base import SourceConfig
-from exporter.yamlfile import load_model
+from llmgw_common.yamlfile import load_model
 
 DEFAULT_PORT = 9850
 

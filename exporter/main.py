@@ -18,7 +18,7 @@ from exporter.collector import ExporterCollector
 from exporter.poller import SourceRunner
 from exporter.sources import SOURCES
 from exporter.web import make_app, serve, status_page
-from exporter.yamlfile import ConfigError
+from llmgw_common.yamlfile import ConfigError
 
 log = logging.getLogger("llmgw-exporter")
 

@@ -1,4 +1,4 @@
-"""One running demo (`llmgw-facility demo`, decider/demo) shared by the test modules that
+"""One running demo (`llmgw-facility demo`, llmgw_sim/demo) shared by the test modules that
 look at it: the dashboards' queries (tests/test_dashboards.py) and the status page
 (tests/test_status_page.py).
 
@@ -53,7 +53,7 @@ def _start(directory: Path) -> RunningDemo:
     log = directory / "demo.log"
     with log.open("w") as output:
         process = subprocess.Popen(
-            [sys.executable, "-m", "decider.cli", "demo"],
+            [sys.executable, "-m", "llmgw_facility.cli", "demo"],
             stdout=output,
             stderr=subprocess.STDOUT,
             cwd=REPO,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import requests
 
-from decider.demo.scale import scale_rules
+from llmgw_sim.demo.scale import scale_rules
 from tests.promstack import metrics_target, prometheus
 
 REPO = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from exporter import config as agent_config
-from exporter.yamlfile import ConfigError, parse_duration
+from llmgw_common.yamlfile import ConfigError, parse_duration
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "agent.yaml"
 
@@ -114,7 +114,7 @@ def test_bad_durations(text):
 
 
 def test_check_config_passes_a_good_file_and_names_every_problem_of_a_bad_one(tmp_path, capsys):
-    from decider.cli import main
+    from llmgw_facility.cli import main
 
     assert main(["check-config", "--agent", str(EXAMPLE)]) == 0
     assert "examples/agent.yaml: ok (node gpu-r12-07-03, rack r12-07)" in capsys.readouterr().out

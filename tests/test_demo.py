@@ -1,4 +1,4 @@
-"""`llmgw-facility demo` (decider/demo, docs/simulation.md): the rules scaled in time with
+"""`llmgw-facility demo` (llmgw_sim/demo, docs/simulation.md): the rules scaled in time with
 their logic unchanged, the demo's files, and the whole story run once against a real
 Prometheus, Alertmanager and decider."""
 
@@ -18,10 +18,10 @@ import requests
 import yaml
 
 from decider import facility as facility_file
-from decider.demo import main as demo
-from decider.demo.scale import duration_seconds, scale_duration, scale_expr, scale_rules
 from decider.promql import tokens
-from decider.simulate import scenario as scenario_file
+from llmgw_sim import scenario as scenario_file
+from llmgw_sim.demo import main as demo
+from llmgw_sim.demo.scale import duration_seconds, scale_duration, scale_expr, scale_rules
 
 REPO = Path(__file__).resolve().parents[1]
 #: The demo's own bound is a few minutes of wall time on a small shared machine.
@@ -188,7 +188,7 @@ def test_the_demo_says_which_debian_package_to_install(tmp_path, monkeypatch, ca
 def _demo(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("w") as output:
         return subprocess.Popen(
-            [sys.executable, "-m", "decider.cli", "demo", *args],
+            [sys.executable, "-m", "llmgw_facility.cli", "demo", *args],
             stdout=output,
             stderr=subprocess.STDOUT,
             cwd=REPO,

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from decider import facility as facility_file
 from decider.facility import BUILTIN_THRESHOLDS, Domain, DomainRef, Facility, Feed
-from exporter.yamlfile import ConfigError
+from llmgw_common.yamlfile import ConfigError
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "facility.yaml"
 

@@ -19,7 +19,7 @@ from exporter.poller import SourceRunner
 from exporter.samples import PartialReading, Sample
 from exporter.sources.base import Source, SourceConfig
 from exporter.sources.bmc import LastReading
-from exporter.yamlfile import ConfigError
+from llmgw_common.yamlfile import ConfigError
 
 INLET = "llmgw_node_inlet_temperature_celsius"
 POWER = "llmgw_node_power_watts"

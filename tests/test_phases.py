@@ -31,7 +31,6 @@ from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn, composite
 
 import decider.state
-from decider.cli import main
 from decider.config import Staleness
 from decider.facility import PHASES, Domain, DomainRef, Facility
 from decider.models import Replica, ReservationRequest
@@ -41,6 +40,7 @@ from decider.placement.view import View
 from decider.snapshot import PARTS, Part, Snapshot
 from decider.state import State
 from decider.store import Store
+from llmgw_facility.cli import main
 from tests.decider_harness import Decider, FakePrometheus, Readings, metric_value
 from tests.test_facility import refusal
 from tests.test_placement import (

@@ -325,7 +325,7 @@ def test_the_api_ranks_a_models_profiles_and_places_with_alternatives(running: D
 
 
 def test_the_cli_shows_the_ranking(running: Decider, capsys: pytest.CaptureFixture[str]):
-    from decider.cli import main
+    from llmgw_facility.cli import main
 
     assert main(["profiles", MODEL, "--decider", running.url]) == 0
     lines = capsys.readouterr().out.splitlines()

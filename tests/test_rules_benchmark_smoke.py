@@ -39,7 +39,7 @@ def test_topology_racks_rows_rooms(bench):
 
 
 def test_series_follow_the_metrics_contract(bench):
-    from exporter.metrics import METRICS
+    from llmgw_common.metrics import METRICS
 
     node = bench.topology(100)[41]
     seen: dict[str, set[tuple[str, ...]]] = {}

@@ -21,7 +21,7 @@ import yaml
 
 from decider import facility as facility_file
 from decider import rules_render
-from decider.cli import main
+from llmgw_facility.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "facility.yaml"
@@ -454,7 +454,7 @@ def test_vmalert_evaluates_the_rendered_rules_over_victoria_metrics(tmp_path):
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "decider.cli", *args],
+        [sys.executable, "-m", "llmgw_facility.cli", *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -32,7 +32,7 @@ from decider.shedding import Plan, Shedder, failover
 from decider.snapshot import PARTS, Part, Snapshot
 from decider.state import State
 from decider.store import Reservation, Store
-from exporter.yamlfile import ConfigError
+from llmgw_common.yamlfile import ConfigError
 from tests.decider_harness import Decider, FakePrometheus, Readings, metric_value
 from tests.test_placement_properties import NO_GC
 
@@ -680,7 +680,7 @@ API_FACILITY = {
 
 
 def test_the_calls_metric_and_cli_on_a_real_decider(tmp_path: Path, capsys):
-    from decider import cli
+    from llmgw_facility import cli
 
     readings = Readings(
         membership={node: list(keys) for node, keys in MEMBERSHIP.items()}

@@ -1,4 +1,4 @@
-"""The simulated site (decider/simulate, docs/simulation.md): the scenario file, the
+"""The simulated site (llmgw_sim, docs/simulation.md): the scenario file, the
 physics, the timeline, the PDU trace replay, the exposition against the real exporter's,
 serving each node as a target, and 1,000 nodes from one process."""
 
@@ -24,13 +24,13 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from decider.simulate import scenario as scenario_file
-from decider.simulate.engine import Simulator, ramp, steady_node_power
-from decider.simulate.exposition import Renderer
-from decider.simulate.hardware import GPU_MODELS
-from decider.simulate.server import SimulatorServer
-from exporter.metrics import METRICS
-from exporter.yamlfile import ConfigError
+from llmgw_common.metrics import METRICS
+from llmgw_common.yamlfile import ConfigError
+from llmgw_sim import scenario as scenario_file
+from llmgw_sim.engine import Simulator, ramp, steady_node_power
+from llmgw_sim.exposition import Renderer
+from llmgw_sim.hardware import GPU_MODELS
+from llmgw_sim.server import SimulatorServer
 from tests.promstack import running
 
 REPO = Path(__file__).resolve().parents[1]
@@ -720,7 +720,7 @@ def test_the_simulate_command_serves_each_node_and_writes_the_target_file(tmp_pa
             [
                 sys.executable,
                 "-m",
-                "decider.cli",
+                "llmgw_facility.cli",
                 "simulate",
                 "--scenario",
                 str(scenario),
@@ -774,7 +774,7 @@ def test_the_simulate_command_refuses_a_bad_scenario(tmp_path):
     scenario = tmp_path / "site.yaml"
     scenario.write_text("rooms: {}\nwhatever: 1\n")
     result = subprocess.run(
-        [sys.executable, "-m", "decider.cli", "simulate", "--scenario", str(scenario)],
+        [sys.executable, "-m", "llmgw_facility.cli", "simulate", "--scenario", str(scenario)],
         capture_output=True,
         text=True,
         cwd=REPO,

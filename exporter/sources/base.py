@@ -9,7 +9,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from exporter.samples import Sample
-from exporter.yamlfile import Duration
+from llmgw_common.yamlfile import Duration
 
 #: NVML refreshes power every 20-100 ms, hwmon chips every second or slower.
 MIN_INTERVAL_SECONDS = 0.1

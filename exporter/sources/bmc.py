@@ -17,7 +17,7 @@ from pydantic import field_validator, model_validator
 
 from exporter.samples import PartialReading, Sample
 from exporter.sources.base import SourceConfig
-from exporter.yamlfile import Duration
+from llmgw_common.yamlfile import Duration
 
 NODE_POWER_METRIC = "llmgw_node_power_watts"
 NODE_ENERGY_METRIC = "llmgw_node_energy_joules_total"

@@ -44,9 +44,9 @@ from typing import Any, ClassVar
 
 import pynvml
 
-from exporter.metrics import THERMAL_REASONS
 from exporter.samples import NoData, PartialReading, Sample
 from exporter.sources.base import Source, SourceConfig
+from llmgw_common.metrics import THERMAL_REASONS
 
 #: NVML clock event reasons that tell something about heat and power, by the
 #: name DESIGN.md gives them. `sw_power_cap` is normal under load, not thermal.

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from decider.simulate.hardware import (
+from llmgw_sim.hardware import (
     HOST_BASE_LOAD,
     HOST_GPU_SHARE,
     HW_THERMAL_POWER_FACTOR,
@@ -32,7 +32,7 @@ from decider.simulate.hardware import (
     SW_THERMAL_POWER_FACTOR,
     THROTTLE_HYSTERESIS_C,
 )
-from decider.simulate.scenario import (
+from llmgw_sim.scenario import (
     REASONS,
     THERMAL_REASONS,
     BmcSilent,

@@ -26,7 +26,7 @@ events:
 ```
 
 Every key is in docs/simulation.md. `load(path)` refuses a bad file whole with every
-problem as `FILE:LINE: field: reason` (exporter.yamlfile.load_model), names that refer
+problem as `FILE:LINE: field: reason` (llmgw_common.yamlfile.load_model), names that refer
 to nothing included. Relative trace paths are relative to the scenario file.
 """
 
@@ -54,8 +54,8 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from decider.simulate.hardware import CPU_MODELS, GPU_MODELS, CpuModel, GpuModel
-from exporter.yamlfile import Duration, load_model, parse_duration
+from llmgw_common.yamlfile import Duration, load_model, parse_duration
+from llmgw_sim.hardware import CPU_MODELS, GPU_MODELS, CpuModel, GpuModel
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 #: Throttle reasons, as the exporter's `reason` label (docs/metrics.md).
@@ -621,7 +621,7 @@ def _reference_problems(scenario: Scenario) -> list[Problem]:
 
 
 def load(path: Path) -> Scenario:
-    """Read and validate a scenario file; raise exporter.yamlfile.ConfigError listing every
+    """Read and validate a scenario file; raise llmgw_common.yamlfile.ConfigError listing every
     problem with its line."""
     token = _BASE_DIR.set(path.resolve().parent)
     try:

@@ -28,7 +28,7 @@ from decider import facility as facility_file
 from decider import rules_render
 from decider.facility import KINDS, DomainRef
 from exporter import config as agent_config
-from exporter.yamlfile import ConfigError
+from llmgw_common.yamlfile import ConfigError
 
 PROG = "llmgw-facility"
 
@@ -860,7 +860,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "rules":
         return render_rules(args.facility, args.output)
     if args.command == "simulate":
-        from decider.simulate.main import run as simulate
+        from llmgw_sim.main import run as simulate
 
         return simulate(
             args.scenario,
@@ -869,7 +869,7 @@ def main(argv: list[str] | None = None) -> int:
             decider_url=args.decider,
         )
     if args.command == "demo":
-        from decider.demo.main import run as demo
+        from llmgw_sim.demo.main import run as demo
 
         return demo(once=args.once)
     return call_decider(args, parser)

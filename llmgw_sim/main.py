@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from decider.simulate import scenario as scenario_file
-from decider.simulate.engine import Simulator
-from decider.simulate.server import SimulatorServer
-from exporter.yamlfile import ConfigError
+from llmgw_common.yamlfile import ConfigError
+from llmgw_sim import scenario as scenario_file
+from llmgw_sim.engine import Simulator
+from llmgw_sim.server import SimulatorServer
 
 EXIT_BAD_FILE = 2
 EXIT_CANNOT_BIND = 3

@@ -29,8 +29,8 @@ from typing import Any, TextIO
 
 import requests
 
-from decider.simulate.engine import Simulator
-from decider.simulate.scenario import CoolingFailure
+from llmgw_sim.engine import Simulator
+from llmgw_sim.scenario import CoolingFailure
 
 POLL_S = 0.25
 

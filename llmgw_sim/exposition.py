@@ -1,7 +1,7 @@
 """What a simulated node's exporter would serve, and what the site's own meters would.
 
 A node's exposition has the names, types, help texts and label names of the real
-exporter (`exporter/metrics.py`, and tests/golden/exporter-e2e.txt for its shape): families
+exporter (`llmgw_common/metrics.py`, and tests/golden/exporter-e2e.txt for its shape): families
 in name order, labels in name order, `node` on every series. Each node gets a
 `NodeRenderer` built once, with every label set already written out; a tick only formats
 the numbers. Sensors read like the hardware they stand for: NVML temperatures in whole
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from decider.simulate.engine import NodeState, Simulator
-from decider.simulate.scenario import REASONS
-from exporter.metrics import METRICS, THERMAL_REASONS, MetricSpec
+from llmgw_common.metrics import METRICS, THERMAL_REASONS, MetricSpec
+from llmgw_sim.engine import NodeState, Simulator
+from llmgw_sim.scenario import REASONS
 
 #: Positions in a GPU's `throttled` flags of the reasons that mean heat.
 _THERMAL = tuple(REASONS.index(reason) for reason in THERMAL_REASONS)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from exporter.yamlfile import Duration
+from llmgw_common.yamlfile import Duration
 
 
 class _Model(BaseModel):

@@ -5,14 +5,14 @@ nodes and their GPUs — with each node's load, PDU traces to replay and a timel
 events (a cooling unit failing, a GPU throttling, a BMC going silent, a PDU reading
 lost). `engine.py` runs simple physics over it; `exposition.py` renders, once per tick,
 what each node's `llmgw-exporter` would publish (same names, types and labels as
-`exporter/metrics.py`) and what the site's own meters would; `server.py` serves each
+`llmgw_common/metrics.py`) and what the site's own meters would; `server.py` serves each
 node as its own scrape target and writes a Prometheus file_sd target file.
 `llmgw-facility simulate --scenario FILE` runs it; docs/simulation.md is the reference.
 """
 
 from __future__ import annotations
 
-from decider.simulate.engine import Simulator
-from decider.simulate.scenario import Scenario, load
+from llmgw_sim.engine import Simulator
+from llmgw_sim.scenario import Scenario, load
 
 __all__ = ["Scenario", "Simulator", "load"]

@@ -3,14 +3,14 @@
 It starts, on loopback ports it picks and with its files in a temporary directory:
 
 - the simulated site of examples/scenarios/demo.yaml, in this process
-  (decider.simulate), its nodes' load following the decider's reservations;
+  (llmgw_sim), its nodes' load following the decider's reservations;
 - a real Prometheus with the committed rules and alerts (and the site rules rendered
   from examples/scenarios/demo-facility.yaml), every duration divided by the scenario's
-  `time_scale` (decider.demo.scale; `promtool check rules` checks the copy);
+  `time_scale` (llmgw_sim.demo.scale; `promtool check rules` checks the copy);
 - a real Alertmanager;
 - the decider (`python -m decider.main`), in enforce mode, its own durations scaled too.
 
-Then it tells the story (decider.demo.story), prints the URLs and stays up until Ctrl-C.
+Then it tells the story (llmgw_sim.demo.story), prints the URLs and stays up until Ctrl-C.
 `--once` stops after the story instead: exit 0 when every step happened in time.
 
 Exit status: 0 done; 1 a step of the story did not happen; 2 a binary is missing, or a
@@ -36,14 +36,14 @@ from typing import TextIO
 
 from decider import facility as facility_file
 from decider import rules_render
-from decider.demo import stack
-from decider.demo.scale import scale_duration, scale_rules
-from decider.demo.story import Cast, Story, StoryFailed
 from decider.promql import format_duration
-from decider.simulate import scenario as scenario_file
-from decider.simulate.engine import Simulator
-from decider.simulate.server import SimulatorServer
-from exporter.yamlfile import ConfigError
+from llmgw_common.yamlfile import ConfigError
+from llmgw_sim import scenario as scenario_file
+from llmgw_sim.demo import stack
+from llmgw_sim.demo.scale import scale_duration, scale_rules
+from llmgw_sim.demo.story import Cast, Story, StoryFailed
+from llmgw_sim.engine import Simulator
+from llmgw_sim.server import SimulatorServer
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO = REPO / "examples" / "scenarios" / "demo.yaml"

@@ -31,8 +31,8 @@ from urllib.parse import unquote, urlsplit
 
 import requests
 
-from decider.simulate.engine import Clock, Simulator
-from decider.simulate.exposition import CONTENT_TYPE, Renderer
+from llmgw_sim.engine import Clock, Simulator
+from llmgw_sim.exposition import CONTENT_TYPE, Renderer
 
 log = logging.getLogger("llmgw.simulate")
 
