@@ -2,7 +2,7 @@
 
 The real `llmgw-decider` runs as a subprocess, on a free loopback port, in enforce mode,
 over a generated site that a fake Prometheus (a child process answering `/api/v1/query`
-for the decider's nine queries, `decider.prometheus.QUERIES`) describes:
+for the decider's nine queries, `decider.refresher.QUERIES`) describes:
 
 - N nodes (10,000 by default) of 8 GPUs at a 700 W enforced limit; racks of 8 nodes, each
   rack dual-fed from two PDUs (every node on both), rows of 10 racks, one room, one site;
@@ -75,7 +75,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from decider.facility import DomainRef  # noqa: E402 - root on sys.path now
-from decider.prometheus import QUERIES, queries  # noqa: E402
+from decider.refresher import QUERIES, queries  # noqa: E402
 from decider.store import Reservation, Store  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "decider_placement.json"
@@ -314,7 +314,7 @@ def prometheus_answers(site: Site) -> dict[str, bytes]:
 
 
 def part_of(query: str) -> str | None:
-    """Which part of decider.prometheus.QUERIES a query string is, by its series name."""
+    """Which part of decider.refresher.QUERIES a query string is, by its series name."""
     for part, text in queries(90).items():  # formatted: the `hot` query has braces
         if query.startswith(text.split("[", 1)[0] + "["):
             return part

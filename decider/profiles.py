@@ -2,7 +2,7 @@
 
 The figures are rules/energy.yml's, per model and profile over the units that count tokens
 (`llmgw:model_profile_tokens_per_joule:ratio5m` and its sums), read into the snapshot's
-`profiles` part (decider.prometheus). A profile is:
+`profiles` part (decider.refresher). A profile is:
 
 - `measured`: in the part's latest successful read, and that read is fresh
   (`staleness.readings`): ranked, best (most tokens per joule) first, ties by name;

@@ -19,7 +19,7 @@ from decider.decisions import DecisionLog
 from decider.facility import Facility
 from decider.giving_way import GIVE_WAY_SHARE, InFlight
 from decider.metrics import DecisionCounters, DomainCollector
-from decider.prometheus import Refresher
+from decider.refresher import Refresher
 from decider.shedding import Shedder, SheddingCollector
 from decider.state import State
 from decider.store import Store

@@ -1,6 +1,6 @@
 """What the decider knows of Prometheus: an immutable snapshot, replaced whole on each refresh.
 
-The refresher (`decider.prometheus`) reads the rules' series (docs/rules.md) in parts; each
+The refresher (`decider.refresher`) reads the rules' series (docs/rules.md) in parts; each
 part keeps the time of its last successful read, so one failing query ages that part alone.
 A part is used only while it is younger than its staleness limit (decider.yaml
 `staleness`); an older part counts as missing, and the answers say so (DESIGN.md §5:

@@ -1,7 +1,7 @@
 """A real `llmgw-decider` for service-level tests, and a fake Prometheus for it to read.
 
 - `FakePrometheus` serves `/api/v1/query` on a loopback port from a thread. It answers each
-  of the decider's queries (decider/prometheus.py `QUERIES`, matched on the series name
+  of the decider's queries (decider/refresher.py `QUERIES`, matched on the series name
   inside the query) from `Readings`: membership, inventory, measured power, conditions,
   reading ages, GPU counts, GPU power limits, profiles' measured figures and how long hot
   domains have been hot. A test changes the readings at any time, and can switch the whole
@@ -47,7 +47,7 @@ STOP_TIMEOUT_S = 10.0
 START_ATTEMPTS = 3
 TOKEN = "test-token-0123456789abcdef"
 
-#: The series each snapshot part's query reads (decider/prometheus.py QUERIES).
+#: The series each snapshot part's query reads (decider/refresher.py QUERIES).
 SERIES: dict[str, str] = {
     "membership": "llmgw:node_domain:membership",
     "inventory": "llmgw_domain_info",

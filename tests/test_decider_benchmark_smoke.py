@@ -9,7 +9,8 @@ import time
 import pytest
 
 from decider.facility import DomainRef, Facility
-from decider.prometheus import PrometheusReader, refresh
+from decider.prometheus_reader import PrometheusReader
+from decider.refresher import refresh
 from decider.snapshot import PARTS, Snapshot
 from tests.benchmark_module import benchmark_module
 

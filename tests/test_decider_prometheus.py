@@ -1,4 +1,4 @@
-"""The decider's snapshot refresher (decider/prometheus.py) over real HTTP.
+"""The decider's snapshot refresher (decider/refresher.py, its reader and parser) over real HTTP.
 
 - A fake Prometheus served here answers each query as a test says: correctly, slowly,
   with garbage, with an HTTP error, with JSON of the wrong shape or values that are not
@@ -37,13 +37,8 @@ from decider import promql
 from decider.config import DeciderConfig
 from decider.facility import DomainRef
 from decider.giving_way import PAUSE_EVERY
-from decider.prometheus import (
-    QUERIES,
-    PrometheusReader,
-    Refresher,
-    queries,
-    refresh,
-)
+from decider.prometheus_reader import PrometheusReader
+from decider.refresher import QUERIES, Refresher, queries, refresh
 from decider.snapshot import INVENTORY_PARTS, PARTS, Part, ProfileFigures, Snapshot
 from tests.promstack import Server, free_port, metrics_target, prometheus, victoria_metrics
 
@@ -698,7 +693,7 @@ def test_a_down_prometheus_leaves_the_last_snapshot_serving_and_ageing(fake, cap
     now = [T0]
     fake.answer(good_answers())
     refresher = Refresher(settings(fake.url), clock=lambda: now[0])
-    caplog.set_level(logging.INFO, logger="decider.prometheus")
+    caplog.set_level(logging.INFO, logger="decider.refresher")
 
     good = refresher.refresh_now()
     assert good.prometheus_up and refresher.snapshot is good
@@ -725,7 +720,7 @@ def test_a_down_prometheus_leaves_the_last_snapshot_serving_and_ageing(fake, cap
     messages = [
         (record.levelname, record.getMessage())
         for record in caplog.records
-        if record.name == "decider.prometheus"
+        if record.name == "decider.refresher"
     ]
     assert [level for level, _ in messages] == ["INFO", "WARNING", "INFO"], messages
     assert "HTTP error" in messages[1][1] and fake.url in messages[1][1]

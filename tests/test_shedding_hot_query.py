@@ -1,4 +1,4 @@
-"""The `hot` part's PromQL (decider/prometheus.py QUERIES["hot"]) on real engines.
+"""The `hot` part's PromQL (decider/refresher.py QUERIES["hot"]) on real engines.
 
 How long a domain has been hot is Prometheus' own record of `llmgw_domain_condition`, read
 by a subquery at the rules' 30 s step. The same history is given to promtool (Prometheus'
@@ -21,7 +21,7 @@ import pytest
 import requests
 import yaml
 
-from decider.prometheus import queries
+from decider.refresher import queries
 from tests.promstack import victoria_metrics
 
 STEP_S = 30

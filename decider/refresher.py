@@ -4,17 +4,14 @@ A placement never waits on Prometheus (DESIGN.md §5): a daemon thread reads the
 series (docs/rules.md) every `refresh_interval` and replaces the shared `Snapshot` whole.
 
 - **Bounded.** Every query has the configured timeout and at most `retries` retries with a
-  short backoff (prometheus-api-client's own default retries for seconds and honours a
-  `Retry-After` of any length). The queries of one refresh run in parallel, so a dead
-  Prometheus costs one query's worth of time, not seven.
+  short backoff (decider.prometheus_reader). The queries of one refresh run in parallel,
+  so a dead Prometheus costs one query's worth of time, not seven.
 - **Fresh only.** Each series is read through `last_over_time(series[window])`: a restarted
   Prometheus otherwise serves the previous process's last sample for five minutes. Plain
   PromQL, so VictoriaMetrics, Thanos and Mimir run it too.
 - **Per part.** Each part of `snapshot.PARTS` has its own query. One that fails keeps its
   previous data and read time, so it ages on its own; the error says which query failed and
-  why. A bad series label (a kind that is not a domain kind, a missing label) drops that
-  series and is noted in the part's error, the rest is used; a bad value (not a finite
-  number) or a malformed answer fails the part, since the whole answer is then suspect.
+  why. What a bad series does to its part: decider.prometheus_parse.
 - **Inventory less often.** The inventory parts (`snapshot.INVENTORY_PARTS`: layout and
   hardware, which change rarely; membership alone is 60,000 series at 10,000 nodes) are
   read again once their last read is `staleness.readings / 2` old (a minute with the
@@ -28,36 +25,33 @@ series (docs/rules.md) every `refresh_interval` and replaces the shared `Snapsho
 from __future__ import annotations
 
 import logging
-import math
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, cast
+from typing import Any
 
-import requests
-from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
-from urllib3.exceptions import MaxRetryError, ReadTimeoutError, ResponseError
-from urllib3.util import Retry
-
-from decider.config import DeciderConfig, PrometheusSettings
-from decider.facility import KINDS, DomainRef, Kind
-from decider.giving_way import GIVE_WAY_SHARE, Pause, no_pause, paced
+from decider.config import DeciderConfig
+from decider.facility import DomainRef
+from decider.giving_way import GIVE_WAY_SHARE, Pause, no_pause
+from decider.prometheus_parse import (
+    ConditionsRead,
+    Dropped,
+    merge_profiles,
+    parse_part,
+    read_samples,
+    settle_conditions,
+)
+from decider.prometheus_reader import PrometheusReader, QueryError
 from decider.promql import format_duration
-from decider.snapshot import INVENTORY_PARTS, PARTS, Condition, Part, ProfileFigures, Snapshot
+from decider.snapshot import INVENTORY_PARTS, PARTS, Part, Snapshot
 
 log = logging.getLogger(__name__)
 
 #: How old a rule's sample may be and still count as current: three evaluations of the
 #: rules' 30 s groups, so one late evaluation or scrape hides nothing.
 FRESH_WINDOW_S = 90.0
-#: Retry backoff: the first retry is immediate, then 0.2 s, 0.4 s, at most 0.5 s.
-BACKOFF_FACTOR_S = 0.1
-BACKOFF_MAX_S = 0.5
-RETRY_ON_STATUS = (500, 502, 503, 504)
 #: How often a refresh that may be cancelled looks at its cancel event.
 CANCEL_POLL_S = 0.05
 #: The longest error text kept in a Part: enough to say what, short enough for a log line.
@@ -100,19 +94,11 @@ QUERIES: dict[str, str] = {
 }
 assert QUERIES.keys() == PARTS.keys(), "one query per snapshot part"
 
-#: A domain showing two conditions at once (two rulers, or a state set read half written
-#: where a ruler's write is no transaction: vmalert, docs/rules.md)
-#: counts as the worse one.
-CONDITION_RANK: dict[str, int] = {"unknown": 0, "ok": 1, "warm": 2, "hot": 3}
 #: How long a refresh waits to read the conditions again when a domain's state set was read
 #: half written, with no condition at 1 (at most a quarter of the reader's budget). vmalert
 #: writing into VictoriaMetrics has a rule's samples all searchable a second or two after the
 #: first (docs/rules.md, "A state set can be read half written").
 HALF_WRITTEN_REREAD_S = 2.0
-
-
-class QueryError(Exception):
-    """A query got no usable answer; the message says what went wrong, on one line."""
 
 
 #: How far back the `hot` part looks when the facility file does not say (shedding.hot_for
@@ -147,293 +133,6 @@ def queries(
     }
 
 
-class PrometheusReader:
-    """Runs instant queries against one Prometheus-compatible URL, bounded in time.
-
-    Thread-safe: each concurrent query takes its own PrometheusConnect (and so its own
-    requests session and connection pool) from a pool, since a session is not promised to
-    be safe across threads.
-    """
-
-    def __init__(self, url: str, timeout: float, retries: int) -> None:
-        self.url = url.rstrip("/")
-        self.timeout = timeout
-        self.retries = retries
-        self._idle: queue.SimpleQueue[PrometheusConnect] = queue.SimpleQueue()
-        self._closed = False
-
-    @classmethod
-    def from_settings(cls, settings: PrometheusSettings) -> PrometheusReader:
-        return cls(settings.url, settings.timeout, settings.retries)
-
-    @property
-    def budget_s(self) -> float:
-        """The longest one query should take, retries and backoff included.
-
-        requests' timeout bounds each connect and each read, so an attempt may take two of
-        them; past this a query counts as failed even if it is still trickling in.
-        """
-        backoff = sum(
-            min(BACKOFF_MAX_S, BACKOFF_FACTOR_S * 2 ** (attempt - 1))
-            for attempt in range(2, self.retries + 1)
-        )
-        return (self.retries + 1) * 2 * self.timeout + backoff + 0.5
-
-    def _retry(self) -> Retry:
-        return Retry(
-            total=self.retries,
-            backoff_factor=BACKOFF_FACTOR_S,
-            backoff_max=BACKOFF_MAX_S,
-            status_forcelist=RETRY_ON_STATUS,
-            allowed_methods=frozenset({"GET"}),
-            # A 503 with `Retry-After: 3600` must not stall the refresher for an hour.
-            respect_retry_after_header=False,
-        )
-
-    def _client(self) -> PrometheusConnect:
-        try:
-            return self._idle.get_nowait()
-        except queue.Empty:
-            return PrometheusConnect(url=self.url, retry=self._retry(), timeout=self.timeout)
-
-    def query(self, promql: str) -> list[Any]:
-        """The query's `data.result`, unchecked; raises QueryError on any failure."""
-        client = self._client()
-        try:
-            result = client.custom_query(promql)
-        except Exception as exc:  # any failure of the library or the server is one outcome
-            raise QueryError(self._describe(exc)) from exc
-        finally:
-            if self._closed:
-                client.close()
-            else:
-                self._idle.put(client)
-        return cast(list[Any], result)
-
-    def _describe(self, exc: Exception) -> str:
-        attempts = f"{self.retries + 1} attempt{'s' if self.retries else ''}"
-        reason = exc.args[0] if exc.args else None
-        if isinstance(reason, MaxRetryError):
-            reason = reason.reason
-        if isinstance(exc, requests.exceptions.JSONDecodeError):
-            return f"the answer is not JSON ({exc})"
-        if isinstance(exc, requests.exceptions.RetryError) or isinstance(reason, ResponseError):
-            return f"HTTP error from {self.url} on all {attempts} ({reason})"
-        if isinstance(exc, requests.exceptions.Timeout) or isinstance(reason, ReadTimeoutError):
-            return f"no answer from {self.url} within {self.timeout:g}s, {attempts}"
-        if isinstance(exc, requests.exceptions.ConnectionError):
-            return f"cannot reach {self.url} ({attempts}): {reason or exc}"
-        if isinstance(exc, PrometheusApiClientException):
-            return f"{self.url} answered {exc}"
-        if isinstance(exc, (KeyError, TypeError, IndexError, ValueError)):
-            return f"the answer is not a Prometheus query response ({type(exc).__name__}: {exc})"
-        return f"{type(exc).__name__}: {exc}"
-
-    def close(self) -> None:
-        """Close every idle session; one still in use is closed when its query ends."""
-        self._closed = True
-        while True:
-            try:
-                self._idle.get_nowait().close()
-            except queue.Empty:
-                return
-
-
-# --- parsing -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Sample:
-    labels: Mapping[str, str]
-    value: float
-
-
-def _samples(result: Any, pause: Pause = no_pause) -> list[_Sample]:
-    """An instant vector's series, each with a finite value; raises QueryError otherwise.
-    `pause` is called every PAUSE_EVERY series (decider.giving_way)."""
-    if not isinstance(result, list):
-        raise QueryError(
-            f"the result is a {type(result).__name__}, not an instant vector (a list of series)"
-        )
-    samples: list[_Sample] = []
-    for index, item in enumerate(paced(result, pause)):
-        metric = item.get("metric") if isinstance(item, dict) else None
-        pair = item.get("value") if isinstance(item, dict) else None
-        if not isinstance(metric, dict) or not all(
-            isinstance(key, str) and isinstance(value, str) for key, value in metric.items()
-        ):
-            raise QueryError(f"series {index} has no `metric` object of string labels")
-        if not isinstance(pair, list) or len(pair) != 2:
-            raise QueryError(f"series {_show(metric)} has no `value` [time, value] pair")
-        number = _finite(pair[1])
-        if number is None:
-            raise QueryError(f"series {_show(metric)} has value {pair[1]!r}, not a finite number")
-        samples.append(_Sample(metric, number))
-    return samples
-
-
-def _finite(raw: Any) -> float | None:
-    """A sample value (Prometheus sends it as a string) as a finite float, else None."""
-    if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
-        return None
-    try:
-        number = float(raw)
-    except ValueError:
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _show(labels: Mapping[str, str]) -> str:
-    return "{" + ",".join(f'{key}="{value}"' for key, value in sorted(labels.items())) + "}"
-
-
-class _Dropped:
-    """Series a part ignored for their labels: counted, the first shown."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.first = ""
-
-    def add(self, sample: _Sample, why: str) -> None:
-        if not self.count:
-            self.first = f"{_show(sample.labels)}: {why}"
-        self.count += 1
-
-    def message(self) -> str | None:
-        if not self.count:
-            return None
-        return f"ignored {self.count} series with bad labels, e.g. {self.first}"
-
-
-def _domain(sample: _Sample, dropped: _Dropped) -> DomainRef | None:
-    kind = sample.labels.get("kind", "")
-    name = sample.labels.get("domain", "")
-    if kind not in KINDS:
-        dropped.add(sample, f"kind {kind!r} is not one of {', '.join(KINDS)}")
-        return None
-    if not name:
-        dropped.add(sample, "no `domain` label")
-        return None
-    return DomainRef(cast(Kind, kind), name)
-
-
-def _node(sample: _Sample, dropped: _Dropped) -> str | None:
-    node = sample.labels.get("node", "")
-    if not node:
-        dropped.add(sample, "no `node` label")
-    return node or None
-
-
-def _per_domain(samples: list[_Sample], dropped: _Dropped) -> dict[DomainRef, float]:
-    # A duplicate (two rulers writing one series) keeps the larger: more power, older age.
-    values: dict[DomainRef, float] = {}
-    for sample in samples:
-        if (domain := _domain(sample, dropped)) is not None:
-            values[domain] = max(sample.value, values.get(domain, sample.value))
-    return values
-
-
-def _per_node(samples: list[_Sample], dropped: _Dropped) -> dict[str, float]:
-    values: dict[str, float] = {}
-    for sample in samples:
-        if (node := _node(sample, dropped)) is not None:
-            values[node] = max(sample.value, values.get(node, sample.value))
-    return values
-
-
-def _parse(part: str, samples: list[_Sample], dropped: _Dropped, pause: Pause = no_pause) -> Any:
-    """One part's data, from its query's series."""
-    if part == "membership":  # 60,000 series at 10,000 nodes: it gives way as it goes
-        nodes: dict[str, set[DomainRef]] = {}
-        for sample in paced(samples, pause):
-            node = _node(sample, dropped)
-            domain = _domain(sample, dropped) if node is not None else None
-            if node is not None and domain is not None:
-                nodes.setdefault(node, set()).add(domain)
-        return {node: tuple(sorted(domains)) for node, domains in nodes.items()}
-    if part == "inventory":
-        found = (_domain(sample, dropped) for sample in samples)
-        return frozenset(domain for domain in found if domain is not None)
-    if part == "conditions":
-        conditions: dict[DomainRef, Condition] = {}
-        half_written: set[DomainRef] = set()
-        for sample in samples:
-            if "condition" not in sample.labels:  # the query's mark: none at 1
-                if (domain := _domain(sample, dropped)) is not None:
-                    half_written.add(domain)
-                continue
-            condition = sample.labels["condition"]
-            if condition not in CONDITION_RANK:
-                dropped.add(sample, f"condition {condition!r} is not one of ok, warm, hot, unknown")
-                continue
-            domain = _domain(sample, dropped)
-            if domain is None:
-                continue
-            held = conditions.get(domain)
-            if held is None or CONDITION_RANK[condition] > CONDITION_RANK[held]:
-                conditions[domain] = cast(Condition, condition)
-        return _ConditionsRead(conditions, frozenset(half_written - conditions.keys()))
-    if part in ("measured", "ages", "hot"):
-        return _per_domain(samples, dropped)
-    if part == "gpus":
-        counts = _per_node(samples, dropped)
-        for node, count in counts.items():
-            if count < 0 or not count.is_integer():
-                raise QueryError(f'node "{node}" has {count:g} GPUs, not a whole number')
-        return {node: int(count) for node, count in counts.items()}
-    if part == "limits":
-        return _per_node(samples, dropped)
-    if part == "profiles":
-        return _profiles(samples)
-    raise AssertionError(f"no parser for part {part!r}")
-
-
-PROFILE_FIGURES = ("tokens_per_joule", "tokens_per_second", "watts", "units")
-
-
-def _profiles(samples: list[_Sample]) -> dict[tuple[str, str], dict[str, float]]:
-    """(model, profile) → {figure: value}; units with no model or profile name (docs/energy.md)
-    are no profile anyone can ask for, and are left out without a note."""
-    found: dict[tuple[str, str], dict[str, float]] = {}
-    for sample in samples:
-        model = sample.labels.get("model", "")
-        profile = sample.labels.get("profile", "")
-        figure = sample.labels.get("figure", "")
-        if model and profile and figure in PROFILE_FIGURES:
-            found.setdefault((model, profile), {})[figure] = sample.value
-    return found
-
-
-def _merge_profiles(
-    read: Mapping[tuple[str, str], Mapping[str, float]],
-    previous: Mapping[tuple[str, str], ProfileFigures],
-    now: float,
-    keep_seconds: float,
-) -> dict[tuple[str, str], ProfileFigures]:
-    """What was read now (those with a tokens per joule), and the profiles read before that
-    Prometheus no longer has, with their old read time, for `keep_seconds`."""
-    merged: dict[tuple[str, str], ProfileFigures] = {}
-    for key, figures in read.items():
-        ratio = figures.get("tokens_per_joule")
-        if ratio is None:
-            continue
-        units = figures.get("units")
-        merged[key] = ProfileFigures(
-            tokens_per_joule=ratio,
-            tokens_per_second=figures.get("tokens_per_second"),
-            watts=figures.get("watts"),
-            units=int(units) if units is not None and units >= 1 else None,
-            read_at=now,
-        )
-    for key, old in previous.items():
-        if key not in merged and now - old.read_at <= keep_seconds:
-            merged[key] = old
-    return merged
-
-
-# --- refresh -------------------------------------------------------------------------------
-
-
 def _one_line(text: str) -> str:
     line = " ".join(text.split())
     return line if len(line) <= MAX_ERROR_CHARS else line[: MAX_ERROR_CHARS - 1] + "…"
@@ -445,40 +144,13 @@ def _shown(promql: str) -> str:
     return promql if len(promql) <= MAX_QUERY_CHARS else promql[: MAX_QUERY_CHARS - 1] + "…"
 
 
-@dataclass(frozen=True)
-class _ConditionsRead:
-    """The conditions part as read: each domain's condition, and the domains whose state set
-    was read half written (no condition at 1)."""
-
-    conditions: dict[DomainRef, Condition]
-    half_written: frozenset[DomainRef]
-
-
-def _settle_conditions(
-    read: _ConditionsRead, previous: Mapping[DomainRef, Condition]
-) -> tuple[dict[DomainRef, Condition], str | None]:
-    """The conditions to use: as read, and for a domain still read half written, the
-    condition it had before (none: unknown), with a note saying so."""
-    conditions = dict(read.conditions)
-    if not read.half_written:
-        return conditions, None
-    for domain in read.half_written:
-        if domain in previous:
-            conditions[domain] = previous[domain]
-    first = min(read.half_written)
-    return conditions, (
-        f"{len(read.half_written)} domain(s) read with no condition at 1 twice (a state set "
-        f"half written), e.g. {first}: each keeps its previous condition, else unknown"
-    )
-
-
 def _read_part(
     reader: PrometheusReader, part: str, promql: str, pause: Pause = no_pause
 ) -> tuple[Any, str | None]:
     """(data, note) for one part; raises QueryError with the part and query named. A
     conditions answer with a state set read half written is read once more, a moment later."""
     data, note = _read_part_once(reader, part, promql, pause)
-    if isinstance(data, _ConditionsRead) and data.half_written:
+    if isinstance(data, ConditionsRead) and data.half_written:
         time.sleep(min(HALF_WRITTEN_REREAD_S, reader.budget_s / 4))
         data, note = _read_part_once(reader, part, promql, pause)
     return data, note
@@ -488,8 +160,8 @@ def _read_part_once(
     reader: PrometheusReader, part: str, promql: str, pause: Pause = no_pause
 ) -> tuple[Any, str | None]:
     try:
-        dropped = _Dropped()
-        data = _parse(part, _samples(reader.query(promql), pause), dropped, pause)
+        dropped = Dropped()
+        data = parse_part(part, read_samples(reader.query(promql), pause), dropped, pause)
     except QueryError as exc:
         raise QueryError(_one_line(f"{part} query `{_shown(promql)}`: {exc}")) from exc
     except Exception as exc:  # a parser bug must still not take the refresher down
@@ -595,12 +267,12 @@ def refresh(
         else:
             data[part], note = outcome
             if part == "conditions":
-                data[part], settled = _settle_conditions(data[part], previous.conditions)
+                data[part], settled = settle_conditions(data[part], previous.conditions)
                 note = "; ".join(text for text in (note, settled) if text) or None
             parts[part] = Part(read_at=now, error=note)
             if part == "profiles":
                 remember = inventory_window_seconds or window_seconds
-                data[part] = _merge_profiles(data[part], previous.profiles, now, remember)
+                data[part] = merge_profiles(data[part], previous.profiles, now, remember)
 
     membership: Mapping[str, tuple[DomainRef, ...]] = data["membership"]
     members = {domain for domains in membership.values() for domain in domains}
