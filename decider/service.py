@@ -16,6 +16,7 @@ from decider import config as decider_config
 from decider import facility as facility_file
 from decider.config import DeciderConfig
 from decider.decisions import DecisionLog
+from decider.domains_json import domain_json
 from decider.facility import Facility
 from decider.giving_way import GIVE_WAY_SHARE, InFlight
 from decider.metrics import DecisionCounters, DomainCollector
@@ -184,8 +185,7 @@ class Service:
 
     def render_status_page(self) -> str:
         view = self.state.view()
-        from decider.api import domain_json  # the page shows what the API returns
-
+        # The page shows the figures the API's answers show (decider.domains_json).
         domains = [domain_json(view, ref) for ref in sorted(view.domain_refs)]
         racks = [d for d in domains if d["kind"] == "rack"]
         snapshot = view.snapshot

@@ -1,0 +1,79 @@
+"""The decider's HTTP API (DESIGN.md §5, docs/decider.md), with its OpenAPI document.
+
+One router per resource (placements, reservations, domains and holds, headroom, profiles,
+power capping, shedding and failover, operations, reload), each built for the Service it
+answers from. Reads (placements, headroom, domains) are `async` and read the current View
+without a lock; writes run in the thread pool, because they wait for SQLite to reach the
+disk. Mutating calls need `Authorization: Bearer <token>`. Every bad body gets a 4xx naming
+the field.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+
+from decider.api import (
+    domains,
+    headroom,
+    operations,
+    placements,
+    power_capping,
+    profiles,
+    reload,
+    reservations,
+    shedding,
+)
+from decider.api.http import RequireToken, problem
+from decider.giving_way import CountInFlight
+from decider.service import Service
+from decider.store import StoreError
+
+
+def create_app(service: Service) -> FastAPI:
+    app = FastAPI(
+        title="llmgw-facility decider",
+        version="1",
+        description="Facility-aware placement: power budgets, conditions, reservations "
+        "(docs/decider.md).",
+    )
+    require_token = RequireToken(service)
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_request(request: Request, exc: RequestValidationError) -> Response:
+        # FastAPI parses the body before it runs the route's dependencies: a caller without
+        # the token learns nothing about its body, it gets the 401 (or 403) first.
+        route = request.scope.get("route")
+        if isinstance(route, APIRoute) and any(
+            isinstance(dependency.dependency, RequireToken) for dependency in route.dependencies
+        ):
+            try:
+                require_token(request.headers.get("authorization"))
+            except HTTPException as denied:
+                return await http_exception_handler(request, denied)
+        problems = [problem(error) for error in exc.errors()]
+        return JSONResponse({"detail": "; ".join(problems), "problems": problems}, status_code=422)
+
+    @app.exception_handler(StoreError)
+    async def _store_failed(_request: Request, exc: StoreError) -> JSONResponse:
+        return JSONResponse({"detail": f"nothing was changed: {exc}"}, status_code=503)
+
+    for router in (
+        placements.router(service),
+        reservations.router(service, require_token),
+        headroom.router(service),
+        domains.router(service, require_token),
+        profiles.router(service),
+        power_capping.router(service),
+        shedding.router(service),
+        reload.router(service, require_token),
+        operations.router(service),
+    ):
+        app.include_router(router)
+
+    # Counts the requests in flight, for the refresher to give way to (decider.giving_way).
+    app.add_middleware(CountInFlight, in_flight=service.in_flight)
+    return app

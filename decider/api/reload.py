@@ -1,0 +1,28 @@
+"""POST /-/reload: re-read decider.yaml and facility.yaml, all of it or none."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import Response
+
+from decider.api.http import RequireToken, json_response
+from decider.service import Service
+
+
+def router(service: Service, require_token: RequireToken) -> APIRouter:
+    routes = APIRouter()
+
+    @routes.post(
+        "/-/reload",
+        dependencies=[Depends(require_token)],
+        summary="Re-read decider.yaml and facility.yaml",
+    )
+    def reload() -> Response:
+        problems = service.reload()
+        if problems:
+            return json_response(
+                {"detail": "kept the running configuration", "problems": problems}, 400
+            )
+        return json_response({"detail": "reloaded"})
+
+    return routes

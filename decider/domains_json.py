@@ -1,0 +1,53 @@
+"""A domain as the API's answers and the status page show it: budget, load, condition, hold,
+and a three-phase pdu's phases. Below both, so that the service never imports the API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from decider.facility import DomainRef
+from decider.placement import phases
+from decider.placement.view import View
+
+
+def domain_json(view: View, ref: DomainRef) -> dict[str, Any]:
+    domain = view.domain(ref)
+    held = domain.held
+    return {
+        "kind": ref.kind,
+        "domain": ref.name,
+        "declared": view.facility.domain(ref.kind, ref.name) is not None,
+        "cap_watts": domain.cap,
+        "limit_watts": domain.limit,
+        "other_watts": domain.other_watts,
+        "reserved_watts": round(domain.reserved, 1),
+        "measured_watts": domain.measured,
+        "load_watts": round(domain.load, 1),
+        "load_basis": domain.load_basis,
+        "headroom_watts": None if domain.headroom is None else round(domain.headroom, 1),
+        "condition": domain.condition,
+        "reading_age_seconds": domain.reading_age,
+        "held": None if held is None else {"reason": held.reason, "since": held.held_at},
+    } | phases_json(view, ref)
+
+
+def phases_json(view: View, ref: DomainRef) -> dict[str, Any]:
+    """A three-phase pdu's phases (decider.placement.phases); nothing for any other domain."""
+    if ref.kind != "pdu" or ref.name not in view.phased_pdus:
+        return {}
+    return {
+        "phases": [
+            {
+                "phase": state.phase,
+                "rating_watts": state.rating,
+                "cap_watts": state.cap,
+                "limit_watts": state.limit,
+                "other_watts": state.other_watts,
+                "reserved_watts": round(state.reserved, 1),
+                "load_watts": round(state.load, 1),
+                "load_basis": state.load_basis,
+                "headroom_watts": round(state.headroom, 1),
+            }
+            for state in phases.pdu_phases(view, ref.name)
+        ]
+    }
