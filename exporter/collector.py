@@ -30,11 +30,11 @@ def declared_samples(config: AgentConfig) -> list[Sample]:
 
 
 def served_samples(runner: SourceRunner, served: dict[str, set[str]]) -> list[Sample]:
-    """The runner's last samples, less those it defers to a source that serves that metric."""
+    """The runner's fresh samples, less those it defers to a source that serves that metric."""
     defer = runner.source.defer
     return [
         sample
-        for sample in runner.state.samples
+        for sample in runner.fresh_samples()
         if sample.metric not in served.get(defer.get(sample.metric, ""), ())
     ]
 
@@ -63,7 +63,13 @@ def source_health(runner: SourceRunner) -> list[Sample]:
     samples = [
         Sample("llmgw_exporter_source_up", 1 if state.up else 0, labels),
         Sample("llmgw_exporter_source_duration_seconds", state.duration_seconds, labels),
+        Sample("llmgw_exporter_source_deadline_seconds", runner.deadline, labels),
+        Sample("llmgw_exporter_source_abandoned_polls_total", runner.guard.abandoned, labels),
     ]
+    if not state.up and state.failure:
+        samples.append(
+            Sample("llmgw_exporter_source_failing", 1, {**labels, "reason": state.failure})
+        )
     if state.last_success is not None:
         samples.append(
             Sample(
@@ -84,10 +90,13 @@ class ExporterCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         samples = list(self.declared)
-        served = {runner.name: {s.metric for s in runner.state.samples} for runner in self.runners}
+        served = {
+            runner.name: {s.metric for s in runner.fresh_samples()} for runner in self.runners
+        }
         for runner in self.runners:
             samples.extend(served_samples(runner, served))
             samples.extend(source_health(runner))
+            samples.extend(runner.source.counter_resets())
         samples.extend(includes_gpus(self.config, samples))
         yield from self.families(samples)
 

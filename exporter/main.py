@@ -54,6 +54,14 @@ def stop_all(stop: threading.Event, runners: list[SourceRunner]) -> None:
     stop.set()
     for runner in runners:
         runner.join(timeout=10)
+        if runner.in_flight:
+            # Releasing a library (nvmlShutdown) under a call still inside it could crash
+            # the process on its way out; the process is ending anyway.
+            log.warning(
+                "source %s not closed: a poll abandoned past its deadline is still stuck",
+                runner.name,
+            )
+            continue
         runner.source.close()
 
 

@@ -219,6 +219,32 @@ _SPECS = [
         "Unix time of the source's last successful poll.",
         ("source",),
     ),
+    MetricSpec(
+        "llmgw_exporter_source_failing",
+        "gauge",
+        "1 while the source is down, labelled why: hung (a poll passed its deadline and"
+        " has not returned), error (the poll failed) or partial (some devices failed).",
+        ("source", "reason"),
+    ),
+    MetricSpec(
+        "llmgw_exporter_source_deadline_seconds",
+        "gauge",
+        "How long one poll of the source may take before it is abandoned (agent.yaml).",
+        ("source",),
+    ),
+    MetricSpec(
+        "llmgw_exporter_source_abandoned_polls_total",
+        "counter",
+        "Polls of the source abandoned past their deadline since the exporter started.",
+        ("source",),
+    ),
+    MetricSpec(
+        "llmgw_exporter_counter_resets_total",
+        "counter",
+        "Times an energy counter read by the source jumped by more than any device can"
+        " draw, or went backwards: that interval has no power and adds no energy.",
+        ("source", "metric"),
+    ),
 ]
 
 METRICS: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}

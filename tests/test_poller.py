@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import gc
 import logging
+import threading
+import time
 import tracemalloc
 from pathlib import Path
 
 import psutil
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter.collector import ExporterCollector
@@ -154,3 +157,87 @@ def test_a_source_failing_on_every_poll_for_1000_polls_keeps_memory_flat():
     assert 'llmgw_gpu_temperature_celsius{gpu="0",node="n1",uuid="GPU-1"} 41.0' in scrape(
         broken, healthy
     )
+
+
+class Blocking(Source):
+    """A source whose polls block until the test lets them go, then read 41 °C."""
+
+    name = "gpu"
+    default_interval = 1.0
+
+    def __init__(self) -> None:
+        super().__init__(Path("/nonexistent"), SourceConfig())
+        self.release = threading.Event()
+        self.block = True
+        self.calls = 0
+
+    def poll(self) -> list[Sample]:
+        self.calls += 1
+        if self.block:
+            self.release.wait()
+            return reading(99.0)  # what a stuck call says when it returns: discarded
+        return reading()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_hung_poll_is_abandoned_once_and_the_source_stays_down_until_it_returns(caplog):
+    source = Blocking()
+    source.block = False
+    clock = FakeClock()
+    runner = SourceRunner(source, 1.0, deadline=0.2, stale_after=3.0, monotonic=clock)
+    runner.poll_once()
+    assert runner.state.up is True
+    source.block = True
+    threads_before = threading.active_count()
+    with caplog.at_level(logging.INFO):
+        began = time.monotonic()
+        runner.poll_once()
+        assert time.monotonic() - began < 1.0  # the deadline, not the stuck call
+        assert runner.state.up is False
+        assert runner.state.failure == "hung"
+        for _ in range(20):  # later polls start nothing while the call is stuck
+            runner.poll_once()
+        assert source.calls == 2
+        assert threading.active_count() <= threads_before + 1
+        text = scrape(runner)
+        assert 'llmgw_exporter_source_failing{node="n1",reason="hung",source="gpu"} 1.0' in text
+        assert 'llmgw_exporter_source_abandoned_polls_total{node="n1",source="gpu"} 1.0' in text
+        # The last reading stays served until it is stale_after old, then goes.
+        assert "llmgw_gpu_temperature_celsius" in text
+        clock.now += 3.5
+        text = scrape(runner)
+        assert "llmgw_gpu_temperature_celsius" not in text
+        assert 'llmgw_exporter_source_up{node="n1",source="gpu"} 0.0' in text
+        # The stuck call returns: its 99 °C is discarded, the next poll reads afresh.
+        source.block = False
+        source.release.set()
+        deadline = time.monotonic() + 5
+        while runner.in_flight and time.monotonic() < deadline:
+            time.sleep(0.01)
+        runner.poll_once()
+    assert runner.state.up is True
+    assert [s.value for s in runner.state.samples] == [41.0]
+    messages = [r.getMessage() for r in caplog.records]
+    assert len([m for m in messages if "failing" in m]) == 1, messages
+    assert "did not return within its 0.2s deadline" in messages[0]
+    assert any("returned after" in m and "discarded" in m for m in messages)
+    assert messages[-1] == "source gpu recovered"
+
+
+def test_deadline_and_stale_after_come_from_agent_yaml_and_are_checked():
+    config = AgentConfig.model_validate(
+        {"sources": {"hwmon": {"interval": "5s", "deadline": "1s", "stale_after": "20s"}}}
+    )
+    assert config.source("hwmon").deadline == 1.0
+    assert config.source("hwmon").stale_after == 20.0
+    with pytest.raises(ValueError, match="stale_after 2s is shorter than the interval 5s"):
+        AgentConfig.model_validate({"sources": {"rapl": {"interval": "5s", "stale_after": "2s"}}})
+    with pytest.raises(ValueError, match="a duration must be more than zero"):
+        AgentConfig.model_validate({"sources": {"gpu": {"deadline": "0s"}}})

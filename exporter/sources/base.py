@@ -6,8 +6,9 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
+from exporter.energy import EnergyCounter
 from exporter.samples import Sample
 from llmgw_common.yamlfile import Duration
 
@@ -25,6 +26,25 @@ class SourceConfig(BaseModel):
 
     enabled: bool = True
     interval: Duration | None = None
+    #: How long one poll may take before it is abandoned and the source is down
+    #: (`hung`); default: the source's `default_deadline`.
+    deadline: Duration | None = None
+    #: How old the last reading may grow (through hung or slow polls) before its
+    #: series are no longer served; default 3 × the interval.
+    stale_after: Duration | None = None
+
+    def deadline_or(self, default: float) -> float:
+        """The poll deadline: agent.yaml's, else the source's default."""
+        return self.deadline or default
+
+    @model_validator(mode="after")
+    def _stale_after_a_poll(self) -> SourceConfig:
+        if self.stale_after is not None and self.interval and self.stale_after < self.interval:
+            raise ValueError(
+                f"stale_after {self.stale_after:g}s is shorter than the interval"
+                f" {self.interval:g}s: every reading would be stale before the next poll"
+            )
+        return self
 
     @field_validator("interval")
     @classmethod
@@ -54,6 +74,9 @@ class Source(ABC):
 
     name: ClassVar[str]
     default_interval: ClassVar[float]
+    #: A poll's deadline unless agent.yaml sets one: a little above the source's
+    #: normal read time (sysfs reads take milliseconds; NVML tens of them).
+    default_deadline: ClassVar[float] = 3.0
     Config: ClassVar[type[SourceConfig]] = SourceConfig
     #: metric → source name: this source's samples of that metric are served only
     #: while that other source serves none (a BMC's inlet sensor defers to hwmon's).
@@ -62,6 +85,28 @@ class Source(ABC):
     def __init__(self, sysfs: Path, config: SourceConfig) -> None:
         self.sysfs = sysfs
         self.config = config
+        #: Energy-counter resets per published metric (exporter/energy.py).
+        self.reset_tally: dict[str, int] = {}
+
+    def energy_counter(
+        self, metric: str, what: str, max_watts: float, wrap_joules: float | None = None
+    ) -> EnergyCounter:
+        """A new counter for one device's energy, its resets counted under `metric`."""
+        return EnergyCounter(
+            f"{self.name} {what}", max_watts, wrap_joules, self.reset_tally, metric
+        )
+
+    def counter_resets(self) -> list[Sample]:
+        """`llmgw_exporter_counter_resets_total` per energy metric this source differentiates."""
+        tally = dict(self.reset_tally)  # a copy: the poll thread may add a metric meanwhile
+        return [
+            Sample(
+                "llmgw_exporter_counter_resets_total",
+                count,
+                {"source": self.name, "metric": metric},
+            )
+            for metric, count in sorted(tally.items())
+        ]
 
     @abstractmethod
     def poll(self) -> list[Sample]:

@@ -66,8 +66,6 @@ class BmcConfig(SourceConfig):
 
     #: How long one request (or one tool run) may take before it is given up.
     timeout: Duration = 10.0
-    #: How long a BMC that stopped answering keeps its last reading; default 3 × interval.
-    stale_after: Duration | None = None
     #: Read the BMC's inlet temperature sensor too.
     inlet: bool = True
 
@@ -88,12 +86,23 @@ class BmcConfig(SourceConfig):
             raise ValueError(
                 f"timeout {self.timeout:g}s must be shorter than the interval {interval:g}s"
             )
+        if self.deadline is not None and self.deadline < self.timeout:
+            raise ValueError(
+                f"deadline {self.deadline:g}s is shorter than the timeout {self.timeout:g}s:"
+                " a slow answer would be abandoned before the request gives it up"
+            )
         if self.stale_after is not None and self.stale_after < interval:
             raise ValueError(
                 f"stale_after {self.stale_after:g}s is shorter than the interval {interval:g}s:"
                 " every reading would be stale before the next poll"
             )
         return self
+
+    def deadline_or(self, default: float) -> float:
+        """A poll makes a few requests (ipmi: two tool runs; redfish: the power
+        and thermal documents, a login now and then), each within `timeout`:
+        the default deadline is two timeouts and 5 s more (25 s by default)."""
+        return self.deadline or 2 * self.timeout + 5
 
     @property
     def effective_interval(self) -> float:

@@ -91,6 +91,7 @@ def read_counter(path: Path) -> float | None:
 class CraySource(Source):
     name: ClassVar[str] = "cray"
     default_interval: ClassVar[float] = 5.0
+    default_deadline: ClassVar[float] = 2.0  # a few small sysfs reads, at most three times
     Config: ClassVar[type[SourceConfig]] = CrayConfig
 
     def __init__(self, sysfs: Path, config: SourceConfig) -> None:

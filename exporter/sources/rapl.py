@@ -113,6 +113,7 @@ class RaplConfig(SourceConfig):
 class RaplSource(Source):
     name: ClassVar[str] = "rapl"
     default_interval: ClassVar[float] = 5.0
+    default_deadline: ClassVar[float] = 2.0  # a few small sysfs reads
     Config: ClassVar[type[SourceConfig]] = RaplConfig
 
     def __init__(

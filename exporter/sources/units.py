@@ -175,6 +175,7 @@ class _Slot:
 class UnitsSource(Source):
     name: ClassVar[str] = "units"
     default_interval: ClassVar[float] = 5.0
+    default_deadline: ClassVar[float] = 5.0  # a cgroup glob and NVML process lists
     Config: ClassVar[type[SourceConfig]] = UnitsConfig
     config: UnitsConfig
 
