@@ -1,7 +1,9 @@
-"""Where the project's shared, real-world fixtures live: `../shared/fixtures` beside the repo.
+"""Where the tests' real-world fixtures live: tests/fixtures, in the repository.
 
-CI lays a copy of shared/ beside its clone; set LLMGW_SHARED_FIXTURES to use
-another copy.
+They are verbatim copies of files of the project's shared fixtures (`shared/fixtures` beside
+the repository, where they came from; each folder's README.md says from where upstream and
+under which licence), so that a clone alone runs the tests. LLMGW_SHARED_FIXTURES points the
+tests at another copy laid out the same way, such as that shared folder itself.
 """
 
 from __future__ import annotations
@@ -10,6 +12,5 @@ import os
 from pathlib import Path
 
 SHARED_FIXTURES = Path(
-    os.environ.get("LLMGW_SHARED_FIXTURES")
-    or Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+    os.environ.get("LLMGW_SHARED_FIXTURES") or Path(__file__).resolve().parent / "fixtures"
 )

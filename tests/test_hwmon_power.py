@@ -1,6 +1,6 @@
 """hwmon_power source: Kepler's hwmon power/energy variants, and ACPI power meter trees.
 
-Kepler's trees (../shared/fixtures/kepler) hold GPU, k10temp and rail meters
+Kepler's trees (tests/fixtures/kepler) hold GPU, k10temp and rail meters
 but no meter of a whole node, so they are read with `sensors` named. The
 ACPI power meter trees (an x86 server, an NVIDIA Grace superchip) are
 **synthetic**, laid out as the kernel's acpi_power_meter driver does: the

@@ -1,6 +1,6 @@
 """ipmi source: the recorded outputs of the three DCMI tools, played by fake tools on PATH.
 
-The DCMI reports are CEEMS' recordings (../shared/fixtures/ceems/bsd3/tool-outputs).
+The DCMI reports are CEEMS' recordings (tests/fixtures/ceems/bsd3/tool-outputs).
 The SDR listings (`ipmitool sdr type Temperature`, FreeIPMI `ipmi-sensors`
 CSV) are **synthetic**: written here in the tools' documented formats, as no
 recording is at hand. The `ipmiutil sensor` listing keeps two lines of public

@@ -1,6 +1,6 @@
 """UnitsSource over CEEMS' cgroup v2 and /proc trees, with the fake NVML library for GPUs.
 
-CEEMS' tree (../shared/fixtures/ceems/bsd3) holds three Slurm jobs under
+CEEMS' tree (tests/fixtures/ceems/bsd3) holds three Slurm jobs under
 `system.slice/slurmstepd.scope/job_*`; its expected /metrics
 (`expected/e2e-test-cgroupsv2-all-metrics-output.txt`) is the oracle for what
 we read from the same files: per job CPU time and memory, the node's CPU modes,
