@@ -83,6 +83,8 @@ THRESHOLD_LABELS: dict[str, str] = {
 }
 #: Above this an inlet threshold is most likely written in °F.
 MAX_INLET_C = 60.0
+#: No budget, rating or draw of the file is larger: ten times the largest campus there is.
+MAX_WATTS = 1e10
 
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -149,7 +151,10 @@ Query = Annotated[str, AfterValidator(_check_query)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Strict: a quoted '0.1' is text and `true` is not 1 (a typo is seen, not guessed around);
+    # YAML's plain ints are numbers where a field takes floats. Each tuple field is
+    # `strict=False`, for a YAML list to be read as a tuple; its items keep their own types.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Thresholds(_Model):
@@ -231,7 +236,7 @@ _DEFAULTS: ContextVar[Defaults | None] = ContextVar("facility_defaults", default
 
 class Feed(_Model):
     pdu: Annotated[str, BeforeValidator(_name_from_yaml)]
-    rating_watts: float = Field(gt=0)
+    rating_watts: float = Field(gt=0, le=MAX_WATTS)
 
     @field_validator("pdu")
     @classmethod
@@ -256,8 +261,8 @@ class Phase(_Model):
     """One phase of a three-phase PDU: its breaker's rating, derated as a feed is, and the
     draw on it that no node reports (None: see `Domain.phase_other_watts`)."""
 
-    rating_watts: float = Field(gt=0)
-    other_watts: float | None = Field(None, ge=0)
+    rating_watts: float = Field(gt=0, le=MAX_WATTS)
+    other_watts: float | None = Field(None, ge=0, le=MAX_WATTS)
 
 
 class Domain(_Model):
@@ -267,9 +272,9 @@ class Domain(_Model):
     below its hot one, and `other_watts` below its cap.
     """
 
-    cap_watts: float | None = Field(None, gt=0)
-    feeds: tuple[Feed, ...] = ()
-    other_watts: float = Field(0.0, ge=0)
+    cap_watts: float | None = Field(None, gt=0, le=MAX_WATTS)
+    feeds: tuple[Feed, ...] = Field((), strict=False)
+    other_watts: float = Field(0.0, ge=0, le=MAX_WATTS)
     thresholds: Thresholds = Thresholds()
     #: A three-phase PDU's phases (only on `pdu/…`): each one a limit of its own.
     phases: dict[PhaseName, Phase] = {}
@@ -381,9 +386,11 @@ class Profile(_Model):
     """
 
     gpus: int = Field(ge=0)
-    power_watts: float | None = Field(None, gt=0)
+    power_watts: float | None = Field(None, gt=0, le=MAX_WATTS)
     cpu_cores: float | None = Field(None, gt=0)
-    models: tuple[Annotated[str, Field(min_length=1, max_length=256)], ...] = ()
+    models: tuple[Annotated[str, Field(min_length=1, max_length=256)], ...] = Field(
+        (), strict=False
+    )
     tokens_per_second_at_gpu_limit: dict[
         Annotated[float, Field(gt=0, le=5000)], Annotated[float, Field(ge=0)]
     ] = {}
@@ -507,12 +514,12 @@ class Facility(_Model):
     defaults: Defaults = Defaults()
     domains: dict[DomainKey, Domain] = {}
     profiles: dict[Annotated[str, Field(min_length=1)], Profile] = {}
-    node_share_watts: float = Field(350.0, ge=0)
+    node_share_watts: float = Field(350.0, ge=0, le=MAX_WATTS)
     #: W per GPU for estimates when Prometheus knows no node's enforced GPU power limit
     #: (decider.placement.estimate); None: the node share alone, said in `missing`.
     fallback_gpu_watts: float | None = Field(None, gt=0, le=5000)
     cpu_watts_per_core: CpuWattsPerCore = CpuWattsPerCore()
-    mode: Mode = "observe"
+    mode: Mode = "observe"  # required in a file: FacilityFile
     shedding: Shedding = Shedding()
     signals: Signals = Signals()
     #: Per node: the phase it draws from on each three-phase PDU (docs/facility.md "Phases").
@@ -546,7 +553,9 @@ class Facility(_Model):
         return self
 
     #: Replica classes, lowest first: shedding moves the lowest class first (decider.shedding).
-    classes: Annotated[tuple[ClassName, ...], AfterValidator(_distinct_classes)] = ()
+    classes: Annotated[tuple[ClassName, ...], AfterValidator(_distinct_classes)] = Field(
+        (), strict=False
+    )
     #: Per model (a replica's `model`): its class, minimum replicas and criticality.
     models: dict[Annotated[str, Field(min_length=1, max_length=256)], ModelSettings] = {}
 
@@ -639,7 +648,15 @@ class Facility(_Model):
         return None if wiring is None else wiring.phases.get(pdu)
 
 
+class FacilityFile(Facility):
+    """The facility as a file must write it: `mode` required, so that an empty or truncated
+    file is refused rather than read as "observe, no budgets" (issue 16). A Facility built in
+    code (tests, the simulator) keeps observe as its default."""
+
+    mode: Mode
+
+
 def load(path: Path) -> Facility:
     """Read and validate facility.yaml. Raises llmgw_common.yamlfile.ConfigError listing every
     problem as `path:line: field: reason`."""
-    return load_model(path, Facility)
+    return load_model(path, FacilityFile)

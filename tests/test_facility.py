@@ -70,8 +70,16 @@ def test_the_example_file_loads_as_documented():
     ]
 
 
-def test_an_empty_file_is_a_site_with_no_facility_data(tmp_path):
-    facility = load(tmp_path, "")
+def test_an_empty_file_is_refused_not_read_as_observe_with_no_budgets(tmp_path):
+    # A truncated write must not switch enforcement off (issue 16): mode is required.
+    assert refusal(tmp_path, "").endswith("facility.yaml:1: mode: Field required")
+    assert refusal(tmp_path, "domains: {rack/r1: {cap_watts: 9000}}\n").endswith(
+        "facility.yaml:1: mode: Field required"
+    )
+
+
+def test_a_file_of_mode_alone_is_a_site_with_no_facility_data(tmp_path):
+    facility = load(tmp_path, "mode: observe\n")
     assert facility.domains == {}
     assert facility.defaults.margin == 0.10
     assert facility.defaults.derating == 0.80
@@ -84,7 +92,8 @@ def test_an_empty_file_is_a_site_with_no_facility_data(tmp_path):
 def test_names_that_yaml_reads_as_numbers_are_names(tmp_path):
     facility = load(
         tmp_path,
-        "domains:\n  row/12: {feeds: [{pdu: 7, rating_watts: 1000}]}\ncpu_watts_per_core: 8\n",
+        "domains:\n  row/12: {feeds: [{pdu: 7, rating_watts: 1000}]}\ncpu_watts_per_core: 8\n"
+        "mode: enforce\n",
     )
     assert facility.domain("row", "12").feeds[0].pdu == "7"
     assert facility.cpu_watts_per_core.default == 8
@@ -173,7 +182,7 @@ def test_a_domain_named_twice_is_refused(tmp_path):
 
 
 def test_a_qualified_row_name_is_a_name(tmp_path):
-    facility = load(tmp_path, "domains:\n  row/hall-b.12: {cap_watts: 1000}\n")
+    facility = load(tmp_path, "domains:\n  row/hall-b.12: {cap_watts: 1000}\nmode: observe\n")
     assert facility.declared()[0][0] == DomainRef("row", "hall-b.12")
 
 
@@ -181,7 +190,7 @@ def test_a_signal_on_a_label_that_is_no_kind_needs_one(tmp_path):
     facility = load(
         tmp_path,
         "signals:\n  power_watts: {query: 'sum by (pdu_name) (w)', domain_label: pdu_name, "
-        "kind: pdu}\n",
+        "kind: pdu}\nmode: observe\n",
     )
     assert facility.signals.power_watts.kind == "pdu"
     message = refusal(
@@ -206,7 +215,8 @@ def test_a_dual_fed_cap_is_the_smallest_feed_times_derating_never_the_sum(tmp_pa
         "defaults: {derating: 0.8}\n"
         "domains:\n"
         "  rack/r1:\n"
-        "    feeds: [{pdu: a, rating_watts: 17300}, {pdu: b, rating_watts: 16000}]\n",
+        "    feeds: [{pdu: a, rating_watts: 17300}, {pdu: b, rating_watts: 16000}]\n"
+        "mode: enforce\n",
     )
     assert facility.cap_watts("rack", "r1") == pytest.approx(16000 * 0.8)
 
@@ -221,7 +231,10 @@ def test_cap_watts_is_used_as_given_and_the_smaller_cap_wins():
 
 
 def test_the_placement_limit_leaves_the_margin(tmp_path):
-    facility = load(tmp_path, "defaults: {margin: 0.1}\ndomains:\n  rack/r1: {cap_watts: 16000}\n")
+    facility = load(
+        tmp_path,
+        "defaults: {margin: 0.1}\ndomains:\n  rack/r1: {cap_watts: 16000}\nmode: enforce\n",
+    )
     assert facility.placement_limit_watts("rack", "r1") == pytest.approx(14400)
     assert facility.placement_limit_watts("rack", "not-declared") is None
 
@@ -251,7 +264,8 @@ def test_thresholds_fall_back_from_the_domain_to_defaults_to_the_built_ins(tmp_p
         "  thresholds: {inlet_hot_c: 30, throttled_hot_ratio: 0.5}\n"
         "domains:\n"
         "  row/12: {thresholds: {inlet_warm_c: 24, throttled_hot_ratio: 0.3}}\n"
-        "  rack/r1: {cap_watts: 1000}\n",
+        "  rack/r1: {cap_watts: 1000}\n"
+        "mode: observe\n",
     )
     row = facility.thresholds("row", "12")
     assert (row.inlet_warm_c, row.inlet_hot_c) == (24, 30)  # own, defaults

@@ -126,7 +126,7 @@ def test_a_signal_without_stale_after_keeps_its_query_as_written(tmp_path):
     path = render_file(
         tmp_path,
         "signals:\n  power_watts: {query: 'sum by (bus) (busway_watts)', domain_label: bus, "
-        "kind: row}\n",
+        "kind: row}\nmode: observe\n",
     )
     [rule] = yaml.safe_load(path.read_text())["groups"][0]["rules"]
     assert "sum by (bus) (busway_watts)," in rule["expr"]
@@ -155,7 +155,8 @@ def test_awkward_names_and_queries_render_exactly(tmp_path):
         "      max by (cabinet) (legacy_temp)\n"
         "    domain_label: cabinet\n"
         "    kind: rack\n"
-        "    stale_after: 90s\n",
+        "    stale_after: 90s\n"
+        "mode: observe\n",
     )
     rules = yaml.safe_load(path.read_text())["groups"][0]["rules"]
     assert [r["labels"]["domain"] for r in rules if r["record"] == DECLARED] == [
@@ -573,7 +574,8 @@ def test_a_raw_string_over_several_lines_is_kept_exactly(tmp_path):
         "  inlet_temp_c:\n"
         '    query: "max by (rack) (t{note=`two\\n  lines`})"\n'
         "    domain_label: rack\n"
-        "    stale_after: 1m\n",
+        "    stale_after: 1m\n"
+        "mode: observe\n",
     )
     [rule] = yaml.safe_load(path.read_text())["groups"][0]["rules"]
     assert "last_over_time(t{note=`two\n  lines`}[1m])" in rule["expr"]
