@@ -32,33 +32,42 @@ class EnergyCounter:
     """One device's energy counter: raw readings in, power and a published total out.
 
     `what` names the device in the log line (`rapl /sys/.../intel-rapl:0`).
-    `max_watts` bounds a believable interval; `wrap_joules` is the counter's
-    range where it wraps (RAPL's `max_energy_range_uj`), else None. Resets
-    are counted in `tally[metric]`, the source's count per published metric,
-    which outlives the counters of devices that come and go.
+    `max_watts` bounds a believable interval; `wrap` is the counter's range
+    where it wraps (RAPL's `max_energy_range_uj`), else None. Readings and
+    `wrap` are in the device's own units (µJ, mJ), `units_per_joule` of them to
+    a joule: integer units subtract exactly, and joules are worked out last.
+    Resets are counted in `tally[metric]`, the source's count per published
+    metric, which outlives the counters of devices that come and go.
     """
 
     def __init__(
         self,
         what: str,
         max_watts: float,
-        wrap_joules: float | None = None,
+        wrap: float | None = None,
         tally: dict[str, int] | None = None,
         metric: str = "",
+        units_per_joule: float = 1.0,
     ) -> None:
         self.what = what
         self.metric = metric
         self._tally = {} if tally is None else tally
         self._tally.setdefault(metric, 0)
         self.max_watts = max_watts
-        self.wrap_joules = wrap_joules
-        self.raw: float | None = None  # the last raw reading, J
+        self.wrap = wrap
+        self.units_per_joule = units_per_joule
+        self.raw: float | None = None  # the last raw reading, in the device's units
         self.time: float | None = None  # its monotonic time
-        self.total = 0.0  # the published counter, J since the exporter started
+        self.total_units: float = 0  # the published counter since the exporter started
         self.resets = 0
 
+    @property
+    def total(self) -> float:
+        """The published counter, in joules."""
+        return self.total_units / self.units_per_joule
+
     def advance(self, raw: float, now: float) -> float | None:
-        """Take a raw reading in joules; the mean power since the last one, or None.
+        """Take a raw reading; the mean power since the last one in watts, or None.
 
         None for the first reading, a clock that did not move, and a reset.
         """
@@ -72,21 +81,23 @@ class EnergyCounter:
         self.raw, self.time = raw, now
         if raw >= previous:
             delta = raw - previous
-        elif self.wrap_joules is not None:
-            delta = self.wrap_joules - previous + raw
+        elif self.wrap is not None:
+            delta = self.wrap - previous + raw
         else:
             return self._reset(previous, raw, seconds, "went backwards")
-        watts = delta / seconds
-        if watts > self.max_watts or (self.wrap_joules is not None and delta > self.wrap_joules):
-            how = "wrapped" if raw < previous else "rose"
+        if self.wrap is not None and delta > self.wrap:
+            return self._reset(previous, raw, seconds, "more than the counter's whole range")
+        watts = delta / self.units_per_joule / seconds
+        if watts > self.max_watts:
             return self._reset(
                 previous,
                 raw,
                 seconds,
-                f"{how} by {delta:,.0f} J, {watts:,.0f} W"
+                f"{'a wrap' if raw < previous else 'a rise'} of"
+                f" {delta / self.units_per_joule:,.0f} J, {watts:,.0f} W"
                 f" (above the {self.max_watts:,.0f} W bound)",
             )
-        self.total += delta
+        self.total_units += delta
         return watts
 
     def _reset(self, previous: float, raw: float, seconds: float, how: str) -> None:
@@ -97,9 +108,12 @@ class EnergyCounter:
             "%s: energy counter went from %s to %s J in %.1fs, %s: a counter reset;"
             " no power for that interval, counting on from the new reading",
             self.what,
-            f"{previous:,.6f}".rstrip("0").rstrip("."),
-            f"{raw:,.6f}".rstrip("0").rstrip("."),
+            _joules(previous / self.units_per_joule),
+            _joules(raw / self.units_per_joule),
             seconds,
             how,
         )
-        return None
+
+
+def _joules(value: float) -> str:
+    return f"{value:,.6f}".rstrip("0").rstrip(".")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -82,7 +83,7 @@ def copy_tree(src: Path, dest: Path) -> Path:
 
 def raw_joules(source: RaplSource) -> dict[tuple[str, str], float]:
     """The raw readings the source took in, by (kind, package): what node_exporter publishes."""
-    return {key: counter.raw_uj / 1e6 for key, counter in source._counters.items()}
+    return {key: counter.raw / 1e6 for key, counter in source._counters.items()}
 
 
 def polled_raw_joules(tree: Path) -> dict[tuple[str, str], float]:
@@ -236,6 +237,53 @@ def test_delta_larger_than_max_is_dropped(trees, tmp_path):
     write_uj(zone, 240422366267 + PKG_MAX_UJ + 1)  # more than one whole range: impossible
     clock.now += 5.0
     assert series(source.poll()) == {(CPU_J, "0"): 0.0}
+
+
+def test_a_reset_that_lands_low_is_not_read_as_a_wrap(trees, tmp_path, caplog):
+    # Issue 16: 200,000,500,000 → 1,000,000 µJ read as a wrap was 62,143 J in 1 s.
+    tree = copy_tree(trees["node_exporter"], tmp_path / "sys")
+    zone = tree / "class" / "powercap" / "intel-rapl:0"
+    clock = FakeClock()
+    source = RaplSource(tree, RaplConfig(), clock=clock)
+    write_uj(zone, 200_000_500_000)
+    source.poll()
+    write_uj(zone, 200_000_500_000 + 350_000_000)  # +350 J in 1 s: 350 W
+    clock.now += 1.0
+    assert series(source.poll()) == {(CPU_J, "0"): 350.0, (CPU_W, "0"): 350.0}
+    write_uj(zone, 1_000_000)
+    clock.now += 1.0
+    with caplog.at_level(logging.WARNING):
+        got = series(source.poll())
+    assert got == {(CPU_J, "0"): 350.0}  # no power for that interval, nothing added
+    assert [r.getMessage() for r in caplog.records] == [
+        f"rapl {zone}: energy counter went from 200,350.5 to 1 J in 1.0s, a wrap of"
+        " 61,794 J, 61,794 W (above the 1,000 W bound): a counter reset; no power for that"
+        " interval, counting on from the new reading"
+    ]
+    assert [(s.labels, s.value) for s in source.counter_resets()] == [
+        ({"source": "rapl", "metric": CPU_J}, 1.0)
+    ]
+    # Counting goes on from the new reading.
+    write_uj(zone, 1_000_000 + 300_000_000)
+    clock.now += 1.0
+    assert series(source.poll()) == {(CPU_J, "0"): 650.0, (CPU_W, "0"): 300.0}
+
+
+def test_the_bound_comes_from_the_zones_own_constraints(trees, tmp_path):
+    # CEEMS' package 0 has constraints of 150 W and 376 W (max_power_uw): 752 W bound.
+    tree = copy_tree(trees["ceems"], tmp_path / "sys")
+    zone = tree / "class" / "powercap" / "intel-rapl:0"
+    clock = FakeClock()
+    source = RaplSource(tree, RaplConfig(), clock=clock)
+    source.poll()
+    start = int((zone / "energy_uj").read_text())
+    write_uj(zone, start + 750_000_000)  # 750 J in 1 s: under 752 W, believed
+    clock.now += 1.0
+    assert series(source.poll())[(CPU_W, "0")] == 750.0
+    write_uj(zone, start + 750_000_000 + 760_000_000)  # 760 W: past it, a reset
+    clock.now += 1.0
+    assert (CPU_W, "0") not in series(source.poll())
+    assert source.counter_resets()[0].value == 1
 
 
 def test_clock_that_did_not_move_gives_no_power(trees, tmp_path):

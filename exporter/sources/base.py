@@ -89,11 +89,16 @@ class Source(ABC):
         self.reset_tally: dict[str, int] = {}
 
     def energy_counter(
-        self, metric: str, what: str, max_watts: float, wrap_joules: float | None = None
+        self,
+        metric: str,
+        what: str,
+        max_watts: float,
+        wrap: float | None = None,
+        units_per_joule: float = 1.0,
     ) -> EnergyCounter:
         """A new counter for one device's energy, its resets counted under `metric`."""
         return EnergyCounter(
-            f"{self.name} {what}", max_watts, wrap_joules, self.reset_tally, metric
+            f"{self.name} {what}", max_watts, wrap, self.reset_tally, metric, units_per_joule
         )
 
     def counter_resets(self) -> list[Sample]:

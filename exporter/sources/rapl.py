@@ -17,7 +17,16 @@ Missing-data policy (STYLE.md §3):
   → `RaplPermissionError`: the source is down, no series;
 - counter went backwards: wrap-corrected with `max_energy_range_uj`; without
   it (or with an impossible delta) that interval is dropped: no power, the
-  counter holds still, the next interval starts from the new reading.
+  counter holds still, the next interval starts from the new reading;
+- a delta implying more power than the zone can draw is a counter reset, not
+  a wrap (exporter/energy.py): the same as above, one log line, and
+  `llmgw_exporter_counter_resets_total{source="rapl"}` counts it. The bound is
+  twice the largest of the zone's own `constraint_*_max_power_uw` and
+  `constraint_*_power_limit_uw` (limits are averages over a time window, and a
+  package may burst above them for a few ms), at most (and where sysfs has no
+  constraint) 1,000 W for a package and 250 W for a DRAM zone. Without the bound, `energy_uj` falling from
+  200,000,500,000 to 1,000,000 (range 262,143,328,850) reads as a wrap of
+  62 kJ: 62 kW for a one-second interval.
 
 The energy counters count from 0 when the exporter starts, wraps corrected; a
 restart is a counter reset, which `rate()` and `increase()` handle. (Starting
@@ -35,7 +44,6 @@ Lines emitted (power from the second reading of a zone on):
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import time
@@ -44,11 +52,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from exporter.energy import EnergyCounter
 from exporter.samples import NoData, PartialReading, Sample
 from exporter.sources.base import Source, SourceConfig
 from exporter.sysfs import read_int, read_text
-
-log = logging.getLogger(__name__)
 
 # A package counter spans max_energy_range_uj = 262,143,328,850 µJ (2^32 units of
 # 61.035 µJ): it wraps in 262,143 J / 350 W ≈ 12.5 min, and in ≈ 4.4 min at
@@ -60,6 +67,15 @@ CONTROL_TYPES = ("intel-rapl", "amd-rapl")
 _ZONE = re.compile(r"(?P<type>[a-z-]+):[0-9a-f]+")
 _PACKAGE = re.compile(r"package-(?P<package>\d+(?:-die-\d+)?)")
 _UJ_PER_J = 1e6
+
+#: A zone's bound when sysfs gives none of its constraints: more than any
+#: server package draws (the largest TDPs are ~500 W; a package's short bursts
+#: reach ~2 × that), and for DRAM more than 12 channels of DDR5 at full tilt.
+DEFAULT_MAX_WATTS = {"cpu": 1000.0, "dram": 250.0}
+#: Constraints are limits over time windows: a mean over a poll may be above
+#: the largest of them for a while, never this many times above.
+CONSTRAINT_HEADROOM = 2.0
+_CONSTRAINT = re.compile(r"constraint_\d+_(max_power|power_limit)_uw")
 
 _METRICS = {
     "cpu": ("llmgw_node_cpu_energy_joules_total", "llmgw_node_cpu_power_watts"),
@@ -78,32 +94,13 @@ class _Zone:
     path: Path
 
 
-@dataclass(frozen=True, slots=True)
-class _Counter:
-    raw_uj: int  # the zone's last raw reading
-    time: float  # monotonic time of that reading
-    total_uj: int  # the published counter: wrap-corrected µJ since the exporter started
-
-
-def energy_delta_uj(previous: int, current: int, max_range_uj: int | None) -> int | None:
-    """Energy in µJ between two raw readings, or None when it cannot be known.
-
-    The kernel shows a 32-bit register times its energy unit, truncated to µJ:
-    `max_energy_range_uj` is the largest value `energy_uj` can show, and the
-    step past it to 0 is one hardware unit (61 µJ for packages, 15.3 µJ for
-    DRAM), not 1 µJ. That unit is not in sysfs, so a wrap counts
-    `max - previous + current` (as Kepler does): short by one unit a wrap,
-    a few parts per billion. No "+1": it would be the wrong correction too.
-    """
-    if current >= previous:
-        delta = current - previous
-    elif max_range_uj is None:
-        return None
-    else:
-        delta = max_range_uj - previous + current
-    if max_range_uj is not None and delta > max_range_uj:
-        return None
-    return delta
+# The wrap arithmetic (energy.EnergyCounter with `wrap` = max_energy_range_uj):
+# the kernel shows a 32-bit register times its energy unit, truncated to µJ, so
+# `max_energy_range_uj` is the largest value `energy_uj` can show, and the step
+# past it to 0 is one hardware unit (61 µJ for packages, 15.3 µJ for DRAM), not
+# 1 µJ. That unit is not in sysfs, so a wrap counts `max - previous + current`
+# (as Kepler does): short by one unit a wrap, a few parts per billion. No "+1":
+# it would be the wrong correction too.
 
 
 class RaplConfig(SourceConfig):
@@ -124,7 +121,7 @@ class RaplSource(Source):
     ) -> None:
         super().__init__(sysfs, config)
         self._clock = clock
-        self._counters: dict[tuple[str, str], _Counter] = {}
+        self._counters: dict[tuple[str, str], EnergyCounter] = {}
         self._warming = True
 
     @property
@@ -134,7 +131,7 @@ class RaplSource(Source):
     def poll(self) -> list[Sample]:
         zones = self._discover()
         samples: list[Sample] = []
-        counters: dict[tuple[str, str], _Counter] = {}
+        counters: dict[tuple[str, str], EnergyCounter] = {}
         failing: set[Path] = set()
         warming = False
         for zone in zones:
@@ -147,11 +144,15 @@ class RaplSource(Source):
                 if previous is not None:
                     counters[key] = previous
                 continue
-            counter, watts = self._advance(previous, raw_uj, now, zone.path)
-            counters[key] = counter
             energy_metric, power_metric = _METRICS[zone.kind]
+            counter = previous or self.energy_counter(
+                energy_metric, str(zone.path), _max_watts(zone), units_per_joule=_UJ_PER_J
+            )
+            counter.wrap = _read_max_range(zone.path)
+            watts = counter.advance(raw_uj, now)
+            counters[key] = counter
             labels = {"package": zone.package}
-            samples.append(Sample(energy_metric, counter.total_uj / _UJ_PER_J, labels))
+            samples.append(Sample(energy_metric, counter.total, labels))
             if watts is None:
                 warming = True
             else:
@@ -164,23 +165,6 @@ class RaplSource(Source):
             unread = ", ".join(f"{path}/energy_uj" for path in sorted(failing))
             raise PartialReading(samples, f"missing or not a number: {unread}")
         return samples
-
-    def _advance(
-        self, previous: _Counter | None, raw_uj: int, now: float, path: Path
-    ) -> tuple[_Counter, float | None]:
-        """The zone's new counter, and its power over the interval where known."""
-        if previous is None:
-            return _Counter(raw_uj, now, 0), None
-        if now <= previous.time:
-            return previous, None
-        delta = energy_delta_uj(previous.raw_uj, raw_uj, _read_max_range(path))
-        if delta is None:
-            log.info(
-                "rapl: %s went from %d to %d µJ: interval dropped", path, previous.raw_uj, raw_uj
-            )
-            return _Counter(raw_uj, now, previous.total_uj), None
-        watts = delta / _UJ_PER_J / (now - previous.time)
-        return _Counter(raw_uj, now, previous.total_uj + delta), watts
 
     def _discover(self) -> list[_Zone]:
         root = self.sysfs / "class" / "powercap"
@@ -255,3 +239,23 @@ def _read_max_range(zone: Path) -> int | None:
     except PermissionError:
         return None
     return value if value is not None and value > 0 else None
+
+
+def _max_watts(zone: _Zone) -> float:
+    """The most power a believable interval of the zone shows (see the docstring)."""
+    limits: list[int] = []
+    try:
+        names = os.listdir(zone.path)
+    except OSError:
+        names = []
+    for name in names:
+        if _CONSTRAINT.fullmatch(name):
+            try:
+                value = read_int(zone.path / name)
+            except PermissionError:
+                value = None
+            if value is not None and value > 0:
+                limits.append(value)
+    default = DEFAULT_MAX_WATTS[zone.kind]
+    # Limits tighten the bound, never loosen it: some firmware reports 4,090 W.
+    return min(default, CONSTRAINT_HEADROOM * max(limits) / _UJ_PER_J) if limits else default
