@@ -13,7 +13,7 @@ device's own limits where it has them, else a documented bound per kind of
 device). A delta that is larger, or a counter that went backwards with no
 wrap to explain it, is a *reset*: no power for that interval, nothing added
 to the published counter, counting goes on from the new reading; one log
-line, and `llmgw_exporter_counter_resets_total{source,metric}` counts it.
+line, and `llmgw_exporter_energy_resets_total{source,metric}` counts it.
 
 The published counter counts from 0 when the exporter starts: a restart is a
 counter reset, which `rate()` and `increase()` handle. (Republishing the

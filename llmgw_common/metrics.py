@@ -239,7 +239,7 @@ _SPECS = [
         ("source",),
     ),
     MetricSpec(
-        "llmgw_exporter_counter_resets_total",
+        "llmgw_exporter_energy_resets_total",
         "counter",
         "Times an energy counter read by the source jumped by more than any device can"
         " draw, or went backwards: that interval has no power and adds no energy.",

@@ -102,11 +102,11 @@ class Source(ABC):
         )
 
     def counter_resets(self) -> list[Sample]:
-        """`llmgw_exporter_counter_resets_total` per energy metric this source differentiates."""
+        """`llmgw_exporter_energy_resets_total` per energy metric this source differentiates."""
         tally = dict(self.reset_tally)  # a copy: the poll thread may add a metric meanwhile
         return [
             Sample(
-                "llmgw_exporter_counter_resets_total",
+                "llmgw_exporter_energy_resets_total",
                 count,
                 {"source": self.name, "metric": metric},
             )

@@ -20,7 +20,7 @@ Missing-data policy (STYLE.md §3):
   counter holds still, the next interval starts from the new reading;
 - a delta implying more power than the zone can draw is a counter reset, not
   a wrap (exporter/energy.py): the same as above, one log line, and
-  `llmgw_exporter_counter_resets_total{source="rapl"}` counts it. The bound is
+  `llmgw_exporter_energy_resets_total{source="rapl"}` counts it. The bound is
   twice the largest of the zone's own `constraint_*_max_power_uw` and
   `constraint_*_power_limit_uw` (limits are averages over a time window, and a
   package may burst above them for a few ms), at most (and where sysfs has no
