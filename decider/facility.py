@@ -81,6 +81,14 @@ THRESHOLD_LABELS: dict[str, str] = {
     "throttled_hot_ratio": "throttled_hot_ratio",
     "gpu_slowdown_margin_c": "gpu_slowdown_margin_celsius",
 }
+#: Built-in shares of its racks that make a row, room or site hot (more than `racks_hot_share`
+#: of them hot) or warm (more than `racks_warm_share` warm or hot) (docs/rules.md "Kind, signals,
+#: condition"): any warm rack makes its row warm; a room or site takes more than half.
+BUILTIN_RACK_SHARES: dict[str, dict[str, float]] = {
+    "row": {"racks_hot_share": 0.5, "racks_warm_share": 0.0},
+    "room": {"racks_hot_share": 0.5, "racks_warm_share": 0.5},
+    "site": {"racks_hot_share": 0.5, "racks_warm_share": 0.5},
+}
 #: Above this an inlet threshold is most likely written in °F.
 MAX_INLET_C = 60.0
 #: No budget, rating or draw of the file is larger: ten times the largest campus there is.
@@ -213,13 +221,29 @@ def _order_problem(*layers: tuple[str, dict[str, float]]) -> str | None:
 _BUILTIN = (" (built-in)", BUILTIN_THRESHOLDS)
 
 
+class KindDefaults(_Model):
+    """Defaults for every domain of one kind (`defaults.kinds.row`): its thresholds, over the
+    site-wide ones, and for a row, room or site the shares of its racks that make it hot or
+    warm (`BUILTIN_RACK_SHARES` where left out)."""
+
+    racks_hot_share: float | None = Field(None, ge=0, lt=1)
+    racks_warm_share: float | None = Field(None, ge=0, lt=1)
+    thresholds: Thresholds = Thresholds()
+
+    def written_shares(self) -> dict[str, float]:
+        """The shares this section sets, by file key (= the rules' `threshold` label)."""
+        shares = self.model_dump(include={"racks_hot_share", "racks_warm_share"})
+        return {key: value for key, value in shares.items() if value is not None}
+
+
 class Defaults(_Model):
     """Site-wide figures: `margin` and `derating` apply to every domain, `thresholds` to every
-    domain that does not set its own."""
+    domain that does not set its own, `kinds` to every domain of a kind over `thresholds`."""
 
     margin: float = Field(0.10, ge=0, lt=1)
     derating: float = Field(0.80, gt=0, le=1)
     thresholds: Thresholds = Thresholds()
+    kinds: dict[Kind, KindDefaults] = {}
 
     @field_validator("thresholds")
     @classmethod
@@ -228,6 +252,29 @@ class Defaults(_Model):
         if problem:
             raise ValueError(problem)
         return thresholds
+
+    @model_validator(mode="after")
+    def _kinds_consistent(self) -> Defaults:
+        problems: list[InitErrorDetails] = []
+        for kind, defaults in self.kinds.items():
+            if kind not in BUILTIN_RACK_SHARES and defaults.written_shares():
+                problems.append(
+                    _error(
+                        ("kinds", kind),
+                        f"a {kind} has no racks: racks shares are for a row, room or site",
+                        defaults.written_shares(),
+                    )
+                )
+            problem = _order_problem(
+                _BUILTIN,
+                (" (from defaults)", self.thresholds.written()),
+                ("", defaults.thresholds.written()),
+            )
+            if problem:
+                problems.append(_error(("kinds", kind, "thresholds"), problem, kind))
+        if problems:
+            raise ValidationError.from_exception_data(type(self).__name__, problems)
+        return self
 
 
 #: The defaults of the file being validated, for its domains' checks (see Facility).
@@ -275,6 +322,9 @@ class Domain(_Model):
     cap_watts: float | None = Field(None, gt=0, le=MAX_WATTS)
     feeds: tuple[Feed, ...] = Field((), strict=False)
     other_watts: float = Field(0.0, ge=0, le=MAX_WATTS)
+    #: The site's meter for this domain (signals.power_watts) already includes `other_watts`:
+    #: the rules take them off the meter, so the decider's load counts them once.
+    measured_includes_other: bool = False
     thresholds: Thresholds = Thresholds()
     #: A three-phase PDU's phases (only on `pdu/…`): each one a limit of its own.
     phases: dict[PhaseName, Phase] = {}
@@ -548,6 +598,19 @@ class Facility(_Model):
                 else:
                     continue
                 problems.append(_error(("nodes", node, "phases", pdu), reason, phase))
+        meter = self.signals.power_watts
+        for key, domain in self.domains.items():
+            kind = key.partition("/")[0]
+            if domain.measured_includes_other and (meter is None or meter.kind != kind):
+                problems.append(
+                    _error(
+                        ("domains", key, "measured_includes_other"),
+                        f"only a site meter includes other_watts, and signals.power_watts "
+                        f"{'is not set' if meter is None else f'meters {meter.kind}s'}: "
+                        f"{key}'s power is its nodes' sum, which never includes them",
+                        True,
+                    )
+                )
         if problems:
             raise ValidationError.from_exception_data(type(self).__name__, problems)
         return self
@@ -622,13 +685,25 @@ class Facility(_Model):
         return None if cap is None else cap * (1 - self.defaults.margin)
 
     def written_thresholds(self, kind: str, name: str) -> dict[str, float]:
-        """The thresholds the file sets for the domain: its own, else `defaults.thresholds`.
+        """The thresholds the file sets for the domain: its own, else its kind's
+        (`defaults.kinds`), else `defaults.thresholds`.
 
         Thresholds the file sets nowhere are absent: the rules' built-in defaults apply.
         """
         domain = self.domain(kind, name)
         own = domain.thresholds.written() if domain is not None else {}
-        return self.defaults.thresholds.written() | own
+        kind_defaults = self.defaults.kinds.get(cast(Kind, kind))
+        of_kind = kind_defaults.thresholds.written() if kind_defaults is not None else {}
+        return self.defaults.thresholds.written() | of_kind | own
+
+    def rack_shares(self, kind: str) -> dict[str, float]:
+        """A row's, room's or site's shares of racks (`racks_hot_share`, `racks_warm_share`):
+        `defaults.kinds`, else the built-ins; empty for a rack or pdu, which has no racks."""
+        builtin = BUILTIN_RACK_SHARES.get(kind)
+        if builtin is None:
+            return {}
+        kind_defaults = self.defaults.kinds.get(cast(Kind, kind))
+        return builtin | (kind_defaults.written_shares() if kind_defaults is not None else {})
 
     def thresholds(self, kind: str, name: str) -> ResolvedThresholds:
         """The thresholds in force: the domain's own, else defaults, else the built-ins."""

@@ -17,8 +17,13 @@ One rule group, `llmgw-site.rules`, evaluated every 30 s like the conditions it 
 - `llmgw:domain_declared:info` = 1 for every declared domain;
 - `llmgw:threshold_default:value{threshold}` for every threshold of `defaults.thresholds`:
   the site-wide value, which every domain without its own takes, declared or not;
+- `llmgw:threshold_kind_default:value{kind, threshold}` for every threshold and racks share
+  a kind of `defaults.kinds` sets: the value for every domain of that kind without its own;
 - `llmgw:domain_threshold_override:value{threshold}` for every threshold a declared domain
-  sets itself. A threshold the file sets nowhere is left to the rules' built-in default.
+  sets itself. A threshold the file sets nowhere is left to the rules' built-in default;
+- `llmgw:domain_metered_other_watts:value{kind, domain}` = `other_watts` for every declared
+  domain whose site meter already includes them (`measured_includes_other: true`): the rules
+  take them off the meter's reading, so that the decider's load counts them once.
 
 The Jinja2 template (`templates/llmgw-site.rules.yml.j2`) lays the rules out; the
 rendered text is read back and must be exactly these rules, so no value can escape
@@ -62,6 +67,8 @@ SIGNAL_SERIES: dict[str, SignalSeries] = {
 DECLARED = "llmgw:domain_declared:info"
 OVERRIDE = "llmgw:domain_threshold_override:value"
 DEFAULT = "llmgw:threshold_default:value"
+KIND_DEFAULT = "llmgw:threshold_kind_default:value"
+METERED_OTHER = "llmgw:domain_metered_other_watts:value"
 
 
 class RenderError(Exception):
@@ -126,7 +133,8 @@ def _signal_comment(name: str, signal: Signal) -> list[str]:
 
 
 def site_rules(facility: Facility) -> list[Rule]:
-    """Every rule of the group, in order: signals, declared domains, thresholds."""
+    """Every rule of the group, in order: signals, declared domains, thresholds (site-wide,
+    per kind, per domain), other watts inside a meter."""
     rules: list[Rule] = []
     for position, (name, signal) in enumerate(facility.signals.configured().items()):
         series = SIGNAL_SERIES[name]
@@ -159,6 +167,21 @@ def site_rules(facility: Facility) -> list[Rule]:
             )
         )
     first = True
+    for kind, kind_defaults in facility.defaults.kinds.items():
+        thresholds = kind_defaults.thresholds.written()
+        written = {THRESHOLD_LABELS[key]: value for key, value in thresholds.items()}
+        written |= kind_defaults.written_shares()
+        for label, value in written.items():
+            rules.append(
+                Rule(
+                    record=KIND_DEFAULT,
+                    expr=f"vector({number(value)})",
+                    labels={"kind": kind, "threshold": label},
+                    heading="thresholds per kind (defaults.kinds)" if first else "",
+                )
+            )
+            first = False
+    first = True
     for ref, domain in declared:
         for key, value in domain.thresholds.written().items():
             rules.append(
@@ -174,6 +197,18 @@ def site_rules(facility: Facility) -> list[Rule]:
                 )
             )
             first = False
+    metered = [(ref, domain) for ref, domain in declared if domain.measured_includes_other]
+    for position, (ref, domain) in enumerate(metered):
+        rules.append(
+            Rule(
+                record=METERED_OTHER,
+                expr=f"vector({number(domain.other_watts)})",
+                labels={"kind": ref.kind, "domain": ref.name},
+                heading="other watts inside a site meter (measured_includes_other)"
+                if position == 0
+                else "",
+            )
+        )
     return rules
 
 

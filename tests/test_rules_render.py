@@ -21,6 +21,7 @@ import yaml
 
 from decider import facility as facility_file
 from decider import rules_render
+from llmgw_common.yamlfile import ConfigError
 from llmgw_facility.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -313,6 +314,218 @@ def test_the_rendered_rules_evaluate_as_the_contract_says(tmp_path):
     test_file.write_text(yaml.safe_dump(test, sort_keys=False))
     result = run(binary("promtool"), "test", "rules", str(test_file))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+KIND_FACILITY = (
+    "mode: observe\n"
+    "defaults:\n"
+    "  thresholds: {inlet_hot_c: 31}\n"
+    "  kinds:\n"
+    "    row: {racks_hot_share: 0.25, thresholds: {inlet_warm_c: 25}}\n"
+    "    site: {racks_warm_share: 0.75}\n"
+    "domains:\n"
+    "  row/w2: {thresholds: {inlet_warm_c: 24}}\n"
+    "  pdu/p1: {cap_watts: 16000, other_watts: 900, measured_includes_other: true}\n"
+    "  pdu/p2: {cap_watts: 16000, other_watts: 900}\n"
+    "signals:\n"
+    "  power_watts: {query: 'sum by (pdu) (pdu_watts)', domain_label: pdu}\n"
+)
+
+
+def test_kind_defaults_and_a_meter_with_other_watts_render_as_the_rules_read_them(tmp_path):
+    """defaults.kinds and measured_includes_other, through rules/domain.yml: a row's share and
+    inlet threshold from its kind between its own and the site-wide; a pdu meter that includes
+    its switches less other_watts (15.5 kW read, 0.9 kW of switches: 14.6 kW measured, which
+    the decider's load makes 15.5 kW again, not 16.4 kW)."""
+    rendered = render_file(tmp_path, KIND_FACILITY)
+    promtool_check(rendered)
+    facility = facility_file.load(tmp_path / "facility.yaml")
+    assert facility.rack_shares("row") == {"racks_hot_share": 0.25, "racks_warm_share": 0}
+    assert facility.rack_shares("site") == {"racks_hot_share": 0.5, "racks_warm_share": 0.75}
+    assert facility.rack_shares("pdu") == {}
+    assert facility.thresholds("row", "w1").inlet_warm_c == 25  # its kind's
+    assert facility.thresholds("row", "w2").inlet_warm_c == 24  # its own
+    assert facility.thresholds("room", "m1").inlet_warm_c == 27  # built in
+    rules = yaml.safe_load(rendered.read_text())["groups"][0]["rules"]
+    kind_defaults = {
+        (r["labels"]["kind"], r["labels"]["threshold"]): r["expr"]
+        for r in rules
+        if r["record"] == rules_render.KIND_DEFAULT
+    }
+    assert kind_defaults == {
+        ("row", "inlet_warm_celsius"): "vector(25)",
+        ("row", "racks_hot_share"): "vector(0.25)",
+        ("site", "racks_warm_share"): "vector(0.75)",
+    }
+    assert [
+        (r["labels"], r["expr"]) for r in rules if r["record"] == rules_render.METERED_OTHER
+    ] == [({"kind": "pdu", "domain": "p1"}, "vector(900)")]
+    node = "llmgw_node_info"
+    where = {"room": "m1", "site": "s1", "instance": "n:1", "job": "llmgw-exporter"}
+    threshold = "llmgw:domain_threshold:value"
+    measured = "llmgw_domain_measured_watts"
+    test = {
+        "rule_files": [str(rendered), str(ROOT / "rules" / "domain.yml")],
+        "evaluation_interval": "30s",
+        "group_eval_order": ["llmgw-site.rules", "llmgw-domain.rules"],
+        "tests": [
+            {
+                "name": "thresholds per kind and a meter that includes other_watts",
+                "interval": "30s",
+                "input_series": [
+                    {
+                        "series": series(node, node="n1", rack="r1", row="w1", **where),
+                        "values": "1x4",
+                    },
+                    {
+                        "series": series(node, node="n2", rack="r2", row="w2", **where),
+                        "values": "1x4",
+                    },
+                    {"series": series("pdu_watts", pdu="p1", outlet="1"), "values": "15500x4"},
+                    {"series": series("pdu_watts", pdu="p2", outlet="1"), "values": "5000x4"},
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": f'{threshold}{{kind=~"row|site",threshold=~"racks.*"}}',
+                        "eval_time": "1m",
+                        "exp_samples": [
+                            sample(
+                                threshold,
+                                0.25,
+                                kind="row",
+                                domain="w1",
+                                threshold="racks_hot_share",
+                            ),
+                            sample(
+                                threshold,
+                                0.25,
+                                kind="row",
+                                domain="w2",
+                                threshold="racks_hot_share",
+                            ),
+                            sample(
+                                threshold, 0, kind="row", domain="w1", threshold="racks_warm_share"
+                            ),
+                            sample(
+                                threshold, 0, kind="row", domain="w2", threshold="racks_warm_share"
+                            ),
+                            sample(
+                                threshold,
+                                0.5,
+                                kind="site",
+                                domain="s1",
+                                threshold="racks_hot_share",
+                            ),
+                            sample(
+                                threshold,
+                                0.75,
+                                kind="site",
+                                domain="s1",
+                                threshold="racks_warm_share",
+                            ),
+                        ],
+                    },
+                    {
+                        "expr": f'{threshold}{{threshold=~"inlet.*",kind=~"row|room"}}',
+                        "eval_time": "1m",
+                        "exp_samples": [
+                            sample(
+                                threshold,
+                                25,
+                                kind="row",
+                                domain="w1",
+                                threshold="inlet_warm_celsius",
+                            ),
+                            sample(
+                                threshold,
+                                24,
+                                kind="row",
+                                domain="w2",
+                                threshold="inlet_warm_celsius",
+                            ),
+                            sample(
+                                threshold,
+                                27,
+                                kind="room",
+                                domain="m1",
+                                threshold="inlet_warm_celsius",
+                            ),
+                            sample(
+                                threshold,
+                                31,
+                                kind="row",
+                                domain="w1",
+                                threshold="inlet_hot_celsius",
+                            ),
+                            sample(
+                                threshold,
+                                31,
+                                kind="row",
+                                domain="w2",
+                                threshold="inlet_hot_celsius",
+                            ),
+                            sample(
+                                threshold,
+                                31,
+                                kind="room",
+                                domain="m1",
+                                threshold="inlet_hot_celsius",
+                            ),
+                        ],
+                    },
+                    {
+                        "expr": f'{measured}{{kind="pdu"}}',
+                        "eval_time": "1m",
+                        "exp_samples": [
+                            sample(measured, 14600, kind="pdu", domain="p1"),
+                            sample(measured, 5000, kind="pdu", domain="p2"),
+                        ],
+                    },
+                ],
+            }
+        ],
+    }
+    test_file = tmp_path / "kinds_test.yml"
+    test_file.write_text(yaml.safe_dump(test, sort_keys=False))
+    result = run(binary("promtool"), "test", "rules", str(test_file))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        (
+            "domains:\n  pdu/p1: {other_watts: 900, measured_includes_other: true}\n",
+            "domains.pdu/p1.measured_includes_other: only a site meter includes other_watts, "
+            "and signals.power_watts is not set",
+        ),
+        (
+            "domains:\n  rack/r1: {other_watts: 900, measured_includes_other: true}\n"
+            "signals:\n  power_watts: {query: 'sum by (pdu) (w)', domain_label: pdu}\n",
+            "domains.rack/r1.measured_includes_other: only a site meter includes other_watts, "
+            "and signals.power_watts meters pdus",
+        ),
+        (
+            "defaults:\n  kinds:\n    rack: {racks_hot_share: 0.5}\n",
+            "defaults.kinds.rack: a rack has no racks",
+        ),
+        (
+            "defaults:\n  kinds:\n    row: {racks_hot_share: 1}\n",
+            "defaults.kinds.row.racks_hot_share: Input should be less than 1",
+        ),
+        (
+            "defaults:\n  thresholds: {inlet_hot_c: 30}\n  kinds:\n"
+            "    room: {thresholds: {inlet_warm_c: 30}}\n",
+            "inlet_warm_c 30 must be below inlet_hot_c 30 (from defaults)",
+        ),
+    ],
+)
+def test_kind_defaults_and_meters_are_checked(tmp_path, text, reason):
+    path = tmp_path / "facility.yaml"
+    path.write_text("mode: observe\n" + text)
+    with pytest.raises(ConfigError) as raised:
+        facility_file.load(path)
+    assert reason in str(raised.value)
 
 
 # --- vmalert and VictoriaMetrics --------------------------------------------------------------
