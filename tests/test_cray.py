@@ -67,7 +67,7 @@ def test_an_ex_node_with_four_gpus(tmp_path: Path) -> None:
     assert table(CraySource(tmp_path, CrayConfig()).poll()) == {
         ("llmgw_node_power_watts", "cray"): 1210.0,
         ("llmgw_node_power_includes_gpus", "cray"): 1.0,
-        ("llmgw_node_energy_joules_total", "cray"): 2583427.0,
+        ("llmgw_node_energy_joules_total", "cray"): 0.0,  # from 0 at the exporter's start
         ("llmgw_node_component_power_watts", "cpu"): 140.0,
         ("llmgw_node_component_power_watts", "memory"): 31.0,
         ("llmgw_node_component_power_watts", "accel0"): 240.0,
@@ -118,6 +118,22 @@ def test_frozen_counters_are_stale_and_published_no_more(tmp_path: Path) -> None
     advance(root)
     fresh = runner.poll_once()
     assert fresh.up and fresh.samples
+
+
+def test_an_energy_counter_reset_adds_nothing(tmp_path: Path) -> None:
+    root = write_tree(tmp_path, EX_NODE)
+    now = [1000.0]
+    source = CraySource(tmp_path, CrayConfig(), clock=lambda: now[0])
+    source.poll()
+    for joules in (2583427 + 3570, 120, 120 + 1785, 9_000_000_000):  # 714 W, reset, 357 W, jump
+        write_tree(tmp_path, {**EX_NODE, "energy": f"{joules} J"})
+        (root / "freshness").write_text(f"{int(now[0])}\n")
+        now[0] += 5.0
+        energy = table(source.poll())[("llmgw_node_energy_joules_total", "cray")]
+    assert energy == 3570 + 1785
+    assert [(s.labels, s.value) for s in source.counter_resets()] == [
+        ({"source": "cray", "metric": "llmgw_node_energy_joules_total"}, 2)
+    ]
 
 
 def test_a_set_read_while_the_controller_updates_is_read_again(

@@ -7,6 +7,7 @@ an A100 with four MIG instances.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
@@ -75,7 +76,8 @@ def test_h100_idle_every_metric_from_the_capture(fake_nvml: FakeNvml, source: Gp
         ("llmgw_gpu_slowdown_temperature_celsius", *gpu): 89.0,
         ("llmgw_gpu_power_watts", *gpu): 69.85,
         ("llmgw_gpu_power_limit_watts", *gpu): 700.0,
-        ("llmgw_gpu_energy_joules_total", *gpu): 1_000_000.0,
+        # Counted from 0 at the exporter's start (exporter/energy.py).
+        ("llmgw_gpu_energy_joules_total", *gpu): 0.0,
         # Idle (reason bit 0x1) is not one of ours: every published reason reads 0.
         **{
             ("llmgw_gpu_throttled", ("gpu", "0"), ("reason", reason), ("uuid", H100)): 0
@@ -267,12 +269,57 @@ def test_no_gpu_is_no_data(fake_nvml: FakeNvml, source: GpuSource):
         source.poll()
 
 
-def test_readings_follow_the_card_between_polls(fake_nvml: FakeNvml, source: GpuSource):
-    fake_nvml.configure(fake_nvml.load_fixture("h100"))
-    first = values(source.poll(), "llmgw_gpu_energy_joules_total")
-    fake_nvml.configure(fake_nvml.load_fixture("h100-load"))
-    second = values(source.poll(), "llmgw_gpu_energy_joules_total")
-    assert second["0"] > first["0"]
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_readings_follow_the_card_between_polls(fake_nvml: FakeNvml):
+    clock = FakeClock()
+    source = GpuSource(Path("/sys"), GpuConfig(), clock=clock)
+    try:
+        fake_nvml.configure(fake_nvml.load_fixture("h100"))
+        first = values(source.poll(), "llmgw_gpu_energy_joules_total")
+        fake_nvml.configure(fake_nvml.load_fixture("h100-load"))
+        clock.now += 20.0  # 9,262.491 J in 20 s: 463 W
+        second = values(source.poll(), "llmgw_gpu_energy_joules_total")
+    finally:
+        source.close()
+    assert first == {"0": 0.0}
+    assert second == {"0": 9262.491}
+
+
+def test_an_energy_counter_reset_adds_nothing_and_is_counted(fake_nvml: FakeNvml, caplog):
+    clock = FakeClock()
+    source = GpuSource(Path("/sys"), GpuConfig(), clock=clock)
+    config = fake_nvml.load_fixture("h100")
+    device = config["devices"][0]
+    try:
+        fake_nvml.configure(config)
+        source.poll()
+        for energy_mj in (
+            1_000_000_000 + 3_500_000,  # 3,500 J in 5 s: 700 W, counted
+            2_000,  # a driver reload: back to 2 J, a reset
+            2_000 + 2_500_000,  # 2,500 J in 5 s: 500 W, counted from the new reading
+            900_000_000_000,  # a jump of 900 MJ in 5 s: no GPU draws that, a reset
+        ):
+            device["total_energy_mj"] = energy_mj
+            fake_nvml.configure(config)
+            clock.now += 5.0
+            with caplog.at_level(logging.WARNING):
+                energy = values(source.poll(), "llmgw_gpu_energy_joules_total")
+    finally:
+        source.close()
+    assert energy == {"0": 6000.0}
+    assert [(s.labels, s.value) for s in source.counter_resets()] == [
+        ({"source": "gpu", "metric": "llmgw_gpu_energy_joules_total"}, 2)
+    ]
+    resets = [r.getMessage() for r in caplog.records if "counter reset" in r.getMessage()]
+    assert len(resets) == 2
+    assert resets[0].startswith(f"gpu {H100}: energy counter went from 1,003,500 to 2 J in 5.0s")
 
 
 def test_a_scrape_never_waits_on_a_slow_gpu(fake_nvml: FakeNvml, source: GpuSource):

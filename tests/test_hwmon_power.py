@@ -167,14 +167,15 @@ def test_an_energy_meter_gives_the_counter_and_then_power(tmp_path: Path) -> Non
     clock = FakeClock()
     runner = SourceRunner(source(sysfs, clock, sensors=["energy_meter:Total"]), 5)
     first = runner.poll_once()
-    assert list(first.samples) == [Sample(ENERGY, 500.0, {"source": "hwmon_power"})]
+    # Counted from 0 at the exporter's start (exporter/energy.py).
+    assert list(first.samples) == [Sample(ENERGY, 0.0, {"source": "hwmon_power"})]
     assert not first.settled  # power needs a second reading
     (sysfs / "class" / "hwmon" / "hwmon_energy" / "energy1_input").write_text("502500000\n")
     clock.now += 5
     second = runner.poll_once()
     assert list(second.samples) == [
         Sample(POWER, 0.5, {"source": "hwmon_power"}),
-        Sample(ENERGY, 502.5, {"source": "hwmon_power"}),
+        Sample(ENERGY, 2.5, {"source": "hwmon_power"}),
     ]
     assert second.settled
 
@@ -187,6 +188,24 @@ def test_an_energy_counter_that_went_back_gives_no_power(tmp_path: Path) -> None
     (sysfs / "class" / "hwmon" / "hwmon_energy" / "energy1_input").write_text("1000\n")
     clock.now += 5
     assert [s.metric for s in meter.poll()] == [ENERGY]
+    assert meter.counter_resets()[0].value == 1
+
+
+def test_an_energy_jump_no_node_draws_is_a_reset(tmp_path: Path) -> None:
+    sysfs = kepler(tmp_path)
+    energy = sysfs / "class" / "hwmon" / "hwmon_energy" / "energy1_input"
+    clock = FakeClock()
+    meter = source(sysfs, clock, sensors=["energy_meter:Total"])
+    meter.poll()  # 500 J
+    energy.write_text(f"{500_000_000 + 300_000_000_000}\n")  # +300 kJ in 5 s: 60 kW
+    clock.now += 5
+    assert {s.metric: s.value for s in meter.poll()} == {ENERGY: 0.0}
+    energy.write_text(f"{500_000_000 + 300_000_000_000 + 5_000_000_000}\n")  # +5 kJ: 1 kW
+    clock.now += 5
+    assert {s.metric: s.value for s in meter.poll()} == {POWER: 1000.0, ENERGY: 5000.0}
+    assert [(s.labels, s.value) for s in meter.counter_resets()] == [
+        ({"source": "hwmon_power", "metric": ENERGY}, 1)
+    ]
 
 
 def test_no_hwmon_is_no_data(tmp_path: Path) -> None:

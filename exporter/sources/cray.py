@@ -30,17 +30,24 @@ Missing data:
 - `freshness` the same as at the last poll → the counters are stale: the
   source is down with no series;
 - the set still changing after three reads → the source is down this poll.
+- `energy` is published from 0 at the exporter's start, by the rule of
+  exporter/energy.py: a counter that went backwards (a controller restart) or
+  rose by more than a node draws (50 kW) over the interval is a reset: nothing
+  added, one log line, `llmgw_exporter_energy_resets_total{source="cray"}`.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
 from pydantic import field_validator
 
+from exporter.energy import EnergyCounter
 from exporter.samples import NoData, Sample
 from exporter.sources.base import Source, SourceConfig
 from exporter.sources.bmc import (
@@ -94,9 +101,13 @@ class CraySource(Source):
     default_deadline: ClassVar[float] = 2.0  # a few small sysfs reads, at most three times
     Config: ClassVar[type[SourceConfig]] = CrayConfig
 
-    def __init__(self, sysfs: Path, config: SourceConfig) -> None:
+    def __init__(
+        self, sysfs: Path, config: SourceConfig, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         super().__init__(sysfs, config)
         self._freshness: int | None = None
+        self._clock = clock
+        self._energy: EnergyCounter | None = None  # made at the first reading of `energy`
 
     def poll(self) -> list[Sample]:
         root = self.sysfs / "cray" / "pm_counters"
@@ -137,7 +148,12 @@ class CraySource(Source):
             samples.append(Sample(INCLUDES_GPUS_METRIC, 1, dict(labels)))
         energy = values.get("energy")
         if energy is not None and energy >= 0:
-            samples.append(Sample(NODE_ENERGY_METRIC, energy, dict(labels)))
+            if self._energy is None:
+                self._energy = self.energy_counter(
+                    NODE_ENERGY_METRIC, "node energy", NODE_POWER_MAX_WATTS
+                )
+            self._energy.advance(energy, self._clock())
+            samples.append(Sample(NODE_ENERGY_METRIC, self._energy.total, dict(labels)))
         components: dict[str, float | None] = {"memory": values.get("memory_power")}
         sockets = [v for name, v in values.items() if _CPU.fullmatch(name)]
         if "cpu_power" in values:

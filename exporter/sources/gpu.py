@@ -8,7 +8,7 @@ Emits, per physical GPU (never once per MIG instance):
     llmgw_gpu_slowdown_temperature_celsius{node,gpu,uuid} 87
     llmgw_gpu_power_watts{node,gpu,uuid} 69.85
     llmgw_gpu_power_limit_watts{node,gpu,uuid} 700
-    llmgw_gpu_energy_joules_total{node,gpu,uuid} 123456.789
+    llmgw_gpu_energy_joules_total{node,gpu,uuid} 9262.491
     llmgw_gpu_throttled{node,gpu,uuid,reason="hw_thermal"} 0
     llmgw_gpu_thermally_throttled{node,gpu,uuid} 0
     llmgw_gpu_slowdown_headroom_celsius{node,gpu,uuid} 46
@@ -33,6 +33,11 @@ Missing data:
 - the driver gone or reloaded (uninitialised, driver not loaded, library/driver
   version mismatch) → the source is down and NVML is initialised afresh on the
   next poll.
+- the energy counter (NVML's total energy, mJ since the driver loaded) is
+  published from 0 at the exporter's start, by the rule of exporter/energy.py:
+  a counter that went backwards (a driver reload) or rose by more than
+  `GPU_MAX_WATTS` over the interval is a reset: nothing added, one log line,
+  `llmgw_exporter_energy_resets_total{source="gpu"}` counts it.
 """
 
 from __future__ import annotations
@@ -40,10 +45,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import threading
+import time
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import pynvml
 
+from exporter.energy import EnergyCounter
 from exporter.samples import NoData, PartialReading, Sample
 from exporter.sources.base import Source, SourceConfig
 from llmgw_common.metrics import THERMAL_REASONS
@@ -91,6 +99,13 @@ def _within_bounds(celsius: float) -> bool:
     return MIN_TEMPERATURE_C <= celsius <= MAX_TEMPERATURE_C
 
 
+ENERGY_METRIC = "llmgw_gpu_energy_joules_total"
+#: More than any GPU draws over a poll (B300 boards: 1,400 W): a larger rise of
+#: the energy counter is a reset. A fixed bound, not the enforced limit: a power
+#: cap lowered during an interval would otherwise make its energy look impossible.
+GPU_MAX_WATTS = 2000.0
+
+
 class GpuSource(Source):
     name: ClassVar[str] = "gpu"
     default_interval: ClassVar[float] = 5.0
@@ -99,10 +114,18 @@ class GpuSource(Source):
     Config: ClassVar[type[SourceConfig]] = GpuConfig
     config: GpuConfig
 
-    def __init__(self, sysfs: Any, config: SourceConfig, nvml: Any = pynvml) -> None:
+    def __init__(
+        self,
+        sysfs: Any,
+        config: SourceConfig,
+        nvml: Any = pynvml,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__(sysfs, config)
         self.nvml = nvml
         self.initialized = False
+        self._clock = clock
+        self._energy: dict[str, EnergyCounter] = {}  # by GPU uuid
 
     def _init(self) -> None:
         with _library_lock:
@@ -197,11 +220,19 @@ class GpuSource(Source):
         for metric, call in (
             ("llmgw_gpu_power_watts", nvml.nvmlDeviceGetPowerUsage),
             ("llmgw_gpu_power_limit_watts", nvml.nvmlDeviceGetEnforcedPowerLimit),
-            ("llmgw_gpu_energy_joules_total", nvml.nvmlDeviceGetTotalEnergyConsumption),
         ):
             value = self._optional(call, handle)
             if value is not None:
                 samples.append(Sample(metric, value / 1000, labels))
+        energy_mj = self._optional(nvml.nvmlDeviceGetTotalEnergyConsumption, handle)
+        if energy_mj is not None:
+            counter = self._energy.get(uuid)
+            if counter is None:
+                counter = self._energy[uuid] = self.energy_counter(
+                    ENERGY_METRIC, uuid, GPU_MAX_WATTS, units_per_joule=1000
+                )
+            counter.advance(energy_mj, self._clock())
+            samples.append(Sample(ENERGY_METRIC, counter.total, labels))
         samples += self._throttle_reasons(handle, labels)
         return samples
 

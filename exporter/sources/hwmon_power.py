@@ -43,8 +43,11 @@ Missing data:
   a socket with rail meters but no module meter →
   the source is down with no power series (a partial sum would understate the
   node);
-- an energy counter that went backwards (reboot, driver reload) → no power for
-  that interval; the counter is published as the kernel keeps it;
+- the energy counter (the sum of the named energy sensors) is published from 0
+  at the exporter's start, by the rule of exporter/energy.py: one that went
+  backwards (reboot, driver reload) or rose by more than a node draws (50 kW)
+  is a reset: no power and nothing added for that interval, one log line,
+  `llmgw_exporter_energy_resets_total{source="hwmon_power"}` counts it;
 - Grace rails: as `grace_rails.py` says; a rail problem with the node read →
   the node is served and the source reads down; a node problem with the rails
   read → the rails are served and the source reads down.
@@ -60,9 +63,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from exporter.energy import EnergyCounter
 from exporter.samples import NoData, PartialReading, Sample
 from exporter.sources.base import Source, SourceConfig
-from exporter.sources.bmc import NODE_ENERGY_METRIC, NODE_POWER_METRIC, node_power
+from exporter.sources.bmc import (
+    NODE_ENERGY_METRIC,
+    NODE_POWER_MAX_WATTS,
+    NODE_POWER_METRIC,
+    node_power,
+)
 from exporter.sources.grace_rails import CPU_POWER_METRIC, DRAM_POWER_METRIC, grace_rail_samples
 from exporter.sources.hwmon import chip_names, clean_name
 from exporter.sysfs import read_int, read_text
@@ -150,7 +159,7 @@ class HwmonPowerSource(Source):
     ) -> None:
         super().__init__(sysfs, config)
         self._clock = clock
-        self._energy: tuple[float, float] | None = None  # (joules, when) at the last poll
+        self._energy: EnergyCounter | None = None  # the named energy sensors' sum
         self._warming = False
 
     @property
@@ -232,7 +241,8 @@ class HwmonPowerSource(Source):
     def _samples(self, chosen: list[_Sensor]) -> list[Sample]:
         unread = [f"{s.chip}:{s.label or s.attr}" for s in chosen if s.value is None]
         if unread:
-            self._energy = None
+            if self._energy is not None:
+                self._energy.raw = None  # the next sum starts a new interval
             raise RuntimeError(f"cannot read {', '.join(unread)}: the node's sum would be short")
         labels = {"source": self.name}
         samples: list[Sample] = []
@@ -240,13 +250,16 @@ class HwmonPowerSource(Source):
         energy = [s.value or 0.0 for s in chosen if s.kind == "energy"]
         watts: float | None = sum(power) if power else None
         if energy:
-            joules, now = sum(energy), self._clock()
-            samples.append(Sample(NODE_ENERGY_METRIC, joules, dict(labels)))
-            previous, self._energy = self._energy, (joules, now)
+            if self._energy is None:
+                self._energy = self.energy_counter(
+                    NODE_ENERGY_METRIC, "node energy", NODE_POWER_MAX_WATTS
+                )
+            first = self._energy.raw is None
+            derived = self._energy.advance(sum(energy), self._clock())
+            samples.append(Sample(NODE_ENERGY_METRIC, self._energy.total, dict(labels)))
             if not power:
-                self._warming = previous is None
-                if previous is not None and joules >= previous[0] and now > previous[1]:
-                    watts = (joules - previous[0]) / (now - previous[1])
+                self._warming = first
+                watts = derived
         if (watts := node_power(watts)) is not None:
             samples.insert(0, Sample(NODE_POWER_METRIC, watts, labels))
         return samples
