@@ -6,6 +6,8 @@ import errno
 import os
 import re
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exporter.samples import NoData, PartialReading, Sample
+from exporter.sources.base import SourceConfig
 from exporter.sources.hwmon import (
     CPU_DRIVERS,
     CPU_MAX_CELSIUS,
@@ -41,7 +44,7 @@ def series(samples: list[Sample]) -> set[tuple[str, str, str, float]]:
 
 
 def poll(sysfs: Path) -> list[Sample]:
-    return HwmonSource(sysfs, {}).poll()
+    return HwmonSource(sysfs, SourceConfig()).poll()
 
 
 # --- node_exporter's tree and its expected /metrics -----------------------------------
@@ -525,4 +528,62 @@ def test_repeated_inlet_label_falls_back_to_attribute(tmp_path: Path) -> None:
     assert series(poll(tmp_path)) == {
         (INLET_METRIC, "board", "temp1", 21.0),
         (INLET_METRIC, "board", "temp2", 22.0),
+    }
+
+
+# --- a read that never returns ----------------------------------------------------------
+
+
+def hwmon_chip(root: Path, number: int, name: str, temps: dict[int, tuple[str, int]]) -> Path:
+    chip = root / "class" / "hwmon" / f"hwmon{number}"
+    chip.mkdir(parents=True)
+    (chip / "name").write_text(f"{name}\n")
+    for index, (label, millidegrees) in temps.items():
+        (chip / f"temp{index}_label").write_text(f"{label}\n")
+        (chip / f"temp{index}_input").write_text(f"{millidegrees}\n")
+    return chip
+
+
+def unblock(fifo: Path) -> None:
+    """Let a reader stuck in open()/read() of the FIFO go: write a value and close."""
+    descriptor = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        os.write(descriptor, b"24000\n")
+    finally:
+        os.close(descriptor)
+
+
+def test_a_stuck_chip_is_abandoned_and_the_cpu_on_another_chip_still_seen(tmp_path: Path):
+    hwmon_chip(tmp_path, 0, "coretemp", {1: ("Package id 0", 90000)})
+    board = hwmon_chip(tmp_path, 1, "nct6775", {1: ("SYSTIN", 24000)})
+    fifo = board / "temp1_input"
+    fifo.unlink()
+    os.mkfifo(fifo)  # a read that blocks until someone writes
+    source = HwmonSource(tmp_path, SourceConfig(deadline=1.0))
+    threads_before = threading.active_count()
+    began = time.monotonic()
+    with pytest.raises(PartialReading) as stuck:
+        source.poll()
+    assert time.monotonic() - began < 0.9  # the chip's 0.5 s, not the stuck read
+    assert [(s.metric, s.value) for s in stuck.value.samples] == [
+        ("llmgw_node_cpu_temperature_celsius", 90.0)
+    ]
+    assert "hwmon chip nct6775" in str(stuck.value)
+    assert "did not return within its 0.5s deadline" in str(stuck.value)
+    # Later polls start no new read of the stuck chip, and say the same.
+    for _ in range(10):
+        with pytest.raises(PartialReading) as again:
+            source.poll()
+        assert str(again.value) == str(stuck.value)
+    assert threading.active_count() <= threads_before + 1
+    # The read returns: discarded; the next poll reads the chip afresh.
+    unblock(fifo)
+    deadline = time.monotonic() + 5
+    while threading.active_count() > threads_before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    fifo.unlink()
+    fifo.write_text("25000\n")
+    assert {s.metric: s.value for s in source.poll()} == {
+        "llmgw_node_cpu_temperature_celsius": 90.0,
+        "llmgw_node_inlet_temperature_celsius": 25.0,
     }

@@ -32,6 +32,13 @@ Missing data:
   non-integer input, or a value outside the bounds below → absent;
 - one chip failing to list → the rest are served, and the source reported
   down naming that chip (`PartialReading`);
+- one chip whose read blocks (a file whose read never returns: a hung
+  Super-I/O or BMC-backed driver) → each chip is read on a thread of its own
+  with half the poll's deadline (deadline.HangGuard, one per chip): the stuck
+  chip is abandoned, the others are served (a CPU going to 90 °C on another
+  chip is still seen), and the source is reported down naming the stuck chip.
+  While that chip's abandoned read has not returned no new read of it is
+  started; its series are absent (never its last value);
 - a `PermissionError` anywhere propagates: the source is down, not absent.
 """
 
@@ -39,12 +46,14 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from exporter.deadline import Call, HangGuard, Hung
 from exporter.samples import NoData, PartialReading, Sample
-from exporter.sources.base import Source
+from exporter.sources.base import Source, SourceConfig
 from exporter.sysfs import read_int, read_text
 
 CPU_METRIC = "llmgw_node_cpu_temperature_celsius"
@@ -169,9 +178,49 @@ def _is_inlet(temp: _Temp) -> bool:
     return bool(temp.label and INLET_WORDS & set(_WORD_SEP.split(temp.label.lower())))
 
 
+def _read_chip(entry: Path) -> tuple[str, list[_Temp]]:
+    """One chip's driver name and temperature sensors: what may block, on its own thread."""
+    return clean_name(read_text(entry / "name") or ""), _temperatures(entry)
+
+
 class HwmonSource(Source):
     name = "hwmon"
     default_interval = 5.0
+
+    def __init__(self, sysfs: Path, config: SourceConfig) -> None:
+        super().__init__(sysfs, config)
+        #: Half the poll's deadline per chip, so that a stuck chip is given up
+        #: (and the others served) before the poll itself would be.
+        self.chip_deadline = config.deadline_or(self.default_deadline) / 2
+        self._guards: dict[Path, HangGuard] = {}
+
+    def _read_chips(
+        self, chips: dict[Path, str]
+    ) -> dict[Path, tuple[str, list[_Temp]] | Exception]:
+        """Every chip read at once, each on its own thread, all within one chip deadline."""
+        self._guards = {
+            entry: self._guards.get(entry) or HangGuard(f"hwmon chip {chip}", self.chip_deadline)
+            for entry, chip in chips.items()
+        }
+        calls: dict[Path, Call[tuple[str, list[_Temp]]] | Exception] = {}
+        for entry in chips:
+            try:
+                calls[entry] = self._guards[entry].begin(lambda entry=entry: _read_chip(entry))
+            except Hung as exc:
+                calls[entry] = exc
+        until = time.monotonic() + self.chip_deadline
+        results: dict[Path, tuple[str, list[_Temp]] | Exception] = {}
+        for entry, call in calls.items():
+            if isinstance(call, Exception):
+                results[entry] = call
+                continue
+            try:
+                results[entry] = self._guards[entry].finish(call, until)
+            except PermissionError:
+                raise
+            except (OSError, Hung) as exc:
+                results[entry] = exc
+        return results
 
     def poll(self) -> list[Sample]:
         root = self.sysfs / "class" / "hwmon"
@@ -181,17 +230,16 @@ class HwmonSource(Source):
         samples: list[Sample] = []
         found = False
         failures: list[str] = []
-        failure: OSError | None = None
-        for entry, chip in chip_names(entries).items():
-            try:
-                temps = _temperatures(entry)
-            except PermissionError:
-                raise
-            except OSError as exc:
-                failure = exc
-                failures.append(f"{chip}: {exc}")
+        failure: Exception | None = None
+        chips = chip_names(entries)
+        for entry, result in self._read_chips(chips).items():
+            chip = chips[entry]
+            if isinstance(result, Exception):
+                failure = result
+                failures.append(str(result) if isinstance(result, Hung) else f"{chip}: {result}")
                 continue
-            if clean_name(read_text(entry / "name") or "") in CPU_DRIVERS:
+            driver, temps = result
+            if driver in CPU_DRIVERS:
                 found = found or bool(temps)
                 if (reading := _cpu_reading(temps)) is not None:
                     temp, celsius = reading
