@@ -89,6 +89,12 @@ class DomainCollector(Collector):
             "Estimated draw of the replicas reserved in the domain.",
             labels=labels,
         )
+        load = GaugeMetricFamily(
+            "llmgw_domain_load_watts",
+            "The load placement judges the domain by: the larger of reserved and measured, "
+            "plus other_watts (what LlmgwDomainPowerOverCap and NearCap compare with the cap).",
+            labels=labels,
+        )
         headroom = GaugeMetricFamily(
             "llmgw_domain_headroom_watts",
             "Cap minus load (the larger of reserved and measured, plus other_watts).",
@@ -104,8 +110,9 @@ class DomainCollector(Collector):
                 budget.add_metric(values, domain.cap)
                 headroom.add_metric(values, domain.cap - domain.load)
             reserved.add_metric(values, domain.reserved)
+            load.add_metric(values, domain.load)
             held.add_metric(values, 1.0 if domain.held else 0.0)
-        yield from (budget, reserved, headroom, held)
+        yield from (budget, reserved, load, headroom, held)
         if view.phased_pdus:
             yield from phase_families(view)
 
