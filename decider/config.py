@@ -5,6 +5,11 @@ prometheus:
   url: http://127.0.0.1:9090   # Prometheus, Thanos Query, Mimir or VictoriaMetrics
   timeout: 2s                   # per query
   retries: 1                    # per query, on a connection error or a 5xx
+  # As Prometheus' own http_config, secrets from files only (at most one of the two):
+  # basic_auth: {username: decider, password_file: prometheus.password}
+  # authorization: {type: Bearer, credentials_file: prometheus.token}
+  # tls_config: {ca_file: ca.pem, cert_file: client.pem, key_file: client.key,
+  #              insecure_skip_verify: false}
 facility: facility.yaml         # relative paths are relative to this file
 listen: 127.0.0.1:9851
 database: decider.db            # reservations and holds (SQLite)
@@ -35,18 +40,121 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def credentials_in_url(url: str) -> bool:
+    """Whether `url` carries a user or password (`https://user:secret@host`)."""
+    parsed = urlparse(url)
+    return parsed.username is not None or parsed.password is not None
+
+
+def _refuse_inline_secret(data: object, field: str, use: str) -> None:
+    """Prometheus' http_config also takes a secret inline; here it must come from a file,
+    so that decider.yaml can be shown, diffed and checked in without it."""
+    if isinstance(data, dict) and field in data:
+        raise ValueError(
+            f"`{field}` is not read from decider.yaml: put it in a file, name it in {use}"
+        )
+
+
+class BasicAuthSettings(_Model):
+    """HTTP basic authentication: the password is the first line of `password_file`."""
+
+    username: str = Field(min_length=1)
+    password_file: Path
+
+    @model_validator(mode="before")
+    @classmethod
+    def _password_from_a_file(cls, data: object) -> object:
+        _refuse_inline_secret(data, "password", "prometheus.basic_auth.password_file")
+        return data
+
+
+class AuthorizationSettings(_Model):
+    """An Authorization header `type credentials`, the credentials read from a file."""
+
+    type: str = Field("Bearer", pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")
+    credentials_file: Path
+
+    @model_validator(mode="before")
+    @classmethod
+    def _credentials_from_a_file(cls, data: object) -> object:
+        _refuse_inline_secret(data, "credentials", "prometheus.authorization.credentials_file")
+        return data
+
+
+class TLSSettings(_Model):
+    """TLS to an https:// Prometheus: a CA to trust (else the system's), a client
+    certificate and key, or no verification at all (`insecure_skip_verify`, for tests)."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    insecure_skip_verify: bool = False
+
+    @model_validator(mode="after")
+    def _certificate_with_key(self) -> TLSSettings:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together: a client certificate needs both")
+        return self
+
+
 class PrometheusSettings(_Model):
+    """Where Prometheus is and how to reach it: `basic_auth`, `authorization` and
+    `tls_config` as in Prometheus' own http_config, secrets read from files only."""
+
     url: str = "http://127.0.0.1:9090"
     timeout: Duration = 2.0
     retries: int = Field(1, ge=0, le=5)
+    basic_auth: BasicAuthSettings | None = None
+    authorization: AuthorizationSettings | None = None
+    tls_config: TLSSettings | None = None
 
     @field_validator("url")
     @classmethod
     def _http_url(cls, url: str) -> str:
         parsed = urlparse(url)
+        if credentials_in_url(url):
+            # The message must not repeat the URL: it holds the secret.
+            raise ValueError(
+                "the URL carries a user and password, which would be shown wherever the URL "
+                "is (logs, /readyz, errors): give the user in prometheus.basic_auth.username "
+                "and the password in a file named by prometheus.basic_auth.password_file"
+            )
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ValueError(f"{url!r} is not an http:// or https:// URL")
         return url.rstrip("/")
+
+    @model_validator(mode="after")
+    def _one_authorization(self) -> PrometheusSettings:
+        if self.basic_auth is not None and self.authorization is not None:
+            raise ValueError("basic_auth and authorization are exclusive: give one of them")
+        return self
+
+    def relative_to(self, directory: Path) -> PrometheusSettings:
+        """Its files' relative paths resolved against `directory` (the config file's)."""
+
+        def resolve(path: Path | None) -> Path | None:
+            return path if path is None or path.is_absolute() else directory / path
+
+        updates: dict[str, object] = {}
+        if self.basic_auth is not None:
+            password_file = resolve(self.basic_auth.password_file)
+            updates["basic_auth"] = self.basic_auth.model_copy(
+                update={"password_file": password_file}
+            )
+        if self.authorization is not None:
+            credentials_file = resolve(self.authorization.credentials_file)
+            updates["authorization"] = self.authorization.model_copy(
+                update={"credentials_file": credentials_file}
+            )
+        if self.tls_config is not None:
+            tls = self.tls_config
+            updates["tls_config"] = tls.model_copy(
+                update={
+                    name: resolve(getattr(tls, name))
+                    for name in ("ca_file", "cert_file", "key_file")
+                }
+            )
+        return self.model_copy(update=updates)
 
 
 class Staleness(_Model):
@@ -90,11 +198,12 @@ class DeciderConfig(_Model):
         def resolve(path: Path | None) -> Path | None:
             return None if path is None or path.is_absolute() else directory / path
 
-        updates = {
+        updates: dict[str, object] = {
             name: resolved
             for name in ("facility", "database", "token_file")
             if (resolved := resolve(getattr(self, name))) is not None
         }
+        updates["prometheus"] = self.prometheus.relative_to(directory)
         return self.model_copy(update=updates)
 
 

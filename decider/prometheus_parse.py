@@ -1,15 +1,20 @@
-"""Reading the answers of the decider's queries: an instant vector's series checked, then
-each part's data (decider.snapshot.PARTS) made of them.
+"""Reading the answers of the decider's queries: an instant vector's series checked one by
+one, then each part's data (decider.snapshot.PARTS) made of them.
 
-A bad series label (a kind that is not a domain kind, a missing label) drops that series
-and is noted in the part's error, the rest is used; a bad value (not a finite number) or a
-malformed answer fails the part, since the whole answer is then suspect.
+One bad series never costs more than itself (issue 16, item 3): a series with a bad label
+(a kind that is not a domain kind, a missing `node` or `domain`), a value that is not a
+finite number (NaN, ±Inf, text), a negative power, GPU count or profile figure, or a GPU
+count that is not a whole number, is left out and named in the part's `left_out` note
+(shown in every answer's `missing`); the rest of the part is used. The domain or node it
+was about then reads as not measured, not counted: what the decider does for a reading
+Prometheus does not have. Only an answer that is not an instant vector at all fails the
+part, which then keeps its previous data until it is stale.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -30,9 +35,11 @@ class Sample:
     value: float
 
 
-def read_samples(result: Any, pause: Pause = no_pause) -> list[Sample]:
-    """An instant vector's series, each with a finite value; raises QueryError otherwise.
-    `pause` is called every PAUSE_EVERY series (decider.giving_way)."""
+def read_samples(result: Any, dropped: Dropped, pause: Pause = no_pause) -> list[Sample]:
+    """An instant vector's series with a finite value; a series that has no string labels,
+    no [time, value] pair or a value that is not a finite number is left out into
+    `dropped`. Raises QueryError when `result` is not a list of series at all. `pause` is
+    called every PAUSE_EVERY series (decider.giving_way)."""
     if not isinstance(result, list):
         raise QueryError(
             f"the result is a {type(result).__name__}, not an instant vector (a list of series)"
@@ -44,14 +51,23 @@ def read_samples(result: Any, pause: Pause = no_pause) -> list[Sample]:
         if not isinstance(metric, dict) or not all(
             isinstance(key, str) and isinstance(value, str) for key, value in metric.items()
         ):
-            raise QueryError(f"series {index} has no `metric` object of string labels")
+            dropped.note(f"series {index} has no `metric` object of string labels")
+            continue
         if not isinstance(pair, list) or len(pair) != 2:
-            raise QueryError(f"series {_show(metric)} has no `value` [time, value] pair")
+            dropped.note(f"series {_show(metric)} has no `value` [time, value] pair")
+            continue
         number = _finite(pair[1])
         if number is None:
-            raise QueryError(f"series {_show(metric)} has value {pair[1]!r}, not a finite number")
+            dropped.note(f"series {_show(metric)} has value {_value(pair[1])}, not a finite number")
+            continue
         samples.append(Sample(metric, number))
     return samples
+
+
+def _value(raw: Any) -> str:
+    """A sample value as a note shows it: short, on one line."""
+    shown = repr(raw)
+    return shown if len(shown) <= 20 else shown[:19] + "…"
 
 
 def _finite(raw: Any) -> float | None:
@@ -70,21 +86,28 @@ def _show(labels: Mapping[str, str]) -> str:
 
 
 class Dropped:
-    """Series a part ignored for their labels: counted, the first shown."""
+    """The series a part left out, each with why: counted, the first few named."""
+
+    #: How many left-out series a note names; the rest are counted.
+    NAMED = 3
 
     def __init__(self) -> None:
         self.count = 0
-        self.first = ""
+        self.named: list[str] = []
 
     def add(self, sample: Sample, why: str) -> None:
-        if not self.count:
-            self.first = f"{_show(sample.labels)}: {why}"
+        self.note(f"{_show(sample.labels)}: {why}")
+
+    def note(self, what: str) -> None:
+        if self.count < self.NAMED:
+            self.named.append(what)
         self.count += 1
 
     def message(self) -> str | None:
         if not self.count:
             return None
-        return f"ignored {self.count} series with bad labels, e.g. {self.first}"
+        more = f"; and {self.count - len(self.named)} more" if self.count > len(self.named) else ""
+        return f"left out {self.count} bad series: {'; '.join(self.named)}{more}"
 
 
 def _domain(sample: Sample, dropped: Dropped) -> DomainRef | None:
@@ -106,19 +129,52 @@ def _node(sample: Sample, dropped: Dropped) -> str | None:
     return node or None
 
 
-def _per_domain(samples: list[Sample], dropped: Dropped) -> dict[DomainRef, float]:
+#: Why a value cannot be what a part reads, or None when it can.
+Check = Callable[[float], str | None]
+
+
+def _any_finite(_value: float) -> str | None:
+    return None
+
+
+def _not_negative(value: float) -> str | None:
+    return f"{value:g} is negative" if value < 0 else None
+
+
+def _whole_count(value: float) -> str | None:
+    if value < 0 or not value.is_integer():
+        return f"{value:g} GPUs, not a whole number"
+    return None
+
+
+#: What each per-domain or per-node part accepts beside a finite number.
+CHECKS: dict[str, Check] = {
+    "measured": _not_negative,  # watts
+    "ages": _any_finite,  # seconds; a clock a little ahead reads as a little under zero
+    "hot": _any_finite,
+    "gpus": _whole_count,
+    "limits": _not_negative,  # watts
+    "profiles": _not_negative,  # tokens per joule, per second, watts, units
+}
+
+
+def _per_domain(samples: list[Sample], dropped: Dropped, check: Check) -> dict[DomainRef, float]:
     # A duplicate (two rulers writing one series) keeps the larger: more power, older age.
     values: dict[DomainRef, float] = {}
     for sample in samples:
-        if (domain := _domain(sample, dropped)) is not None:
+        if (why := check(sample.value)) is not None:
+            dropped.add(sample, why)
+        elif (domain := _domain(sample, dropped)) is not None:
             values[domain] = max(sample.value, values.get(domain, sample.value))
     return values
 
 
-def _per_node(samples: list[Sample], dropped: Dropped) -> dict[str, float]:
+def _per_node(samples: list[Sample], dropped: Dropped, check: Check) -> dict[str, float]:
     values: dict[str, float] = {}
     for sample in samples:
-        if (node := _node(sample, dropped)) is not None:
+        if (why := check(sample.value)) is not None:
+            dropped.add(sample, why)
+        elif (node := _node(sample, dropped)) is not None:
             values[node] = max(sample.value, values.get(node, sample.value))
     return values
 
@@ -156,24 +212,21 @@ def parse_part(part: str, samples: list[Sample], dropped: Dropped, pause: Pause 
                 conditions[domain] = cast(Condition, condition)
         return ConditionsRead(conditions, frozenset(half_written - conditions.keys()))
     if part in ("measured", "ages", "hot"):
-        return _per_domain(samples, dropped)
+        return _per_domain(samples, dropped, CHECKS[part])
     if part == "gpus":
-        counts = _per_node(samples, dropped)
-        for node, count in counts.items():
-            if count < 0 or not count.is_integer():
-                raise QueryError(f'node "{node}" has {count:g} GPUs, not a whole number')
+        counts = _per_node(samples, dropped, CHECKS[part])
         return {node: int(count) for node, count in counts.items()}
     if part == "limits":
-        return _per_node(samples, dropped)
+        return _per_node(samples, dropped, CHECKS[part])
     if part == "profiles":
-        return _profiles(samples)
+        return _profiles(samples, dropped)
     raise AssertionError(f"no parser for part {part!r}")
 
 
 PROFILE_FIGURES = ("tokens_per_joule", "tokens_per_second", "watts", "units")
 
 
-def _profiles(samples: list[Sample]) -> dict[tuple[str, str], dict[str, float]]:
+def _profiles(samples: list[Sample], dropped: Dropped) -> dict[tuple[str, str], dict[str, float]]:
     """(model, profile) → {figure: value}; units with no model or profile name (docs/energy.md)
     are no profile anyone can ask for, and are left out without a note."""
     found: dict[tuple[str, str], dict[str, float]] = {}
@@ -181,8 +234,12 @@ def _profiles(samples: list[Sample]) -> dict[tuple[str, str], dict[str, float]]:
         model = sample.labels.get("model", "")
         profile = sample.labels.get("profile", "")
         figure = sample.labels.get("figure", "")
-        if model and profile and figure in PROFILE_FIGURES:
-            found.setdefault((model, profile), {})[figure] = sample.value
+        if not (model and profile and figure in PROFILE_FIGURES):
+            continue
+        if (why := CHECKS["profiles"](sample.value)) is not None:
+            dropped.add(sample, why)
+            continue
+        found.setdefault((model, profile), {})[figure] = sample.value
     return found
 
 

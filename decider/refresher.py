@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 FRESH_WINDOW_S = 90.0
 #: How often a refresh that may be cancelled looks at its cancel event.
 CANCEL_POLL_S = 0.05
+#: How long past the reader's budget a refresh waits for a query: the reader ends each query
+#: at its budget itself (decider.prometheus_reader), and its own message says more.
+BUDGET_GRACE_S = 0.25
 #: The longest error text kept in a Part: enough to say what, short enough for a log line.
 MAX_ERROR_CHARS = 300
 #: The longest query text an error shows.
@@ -147,13 +150,14 @@ def _shown(promql: str) -> str:
 def _read_part(
     reader: PrometheusReader, part: str, promql: str, pause: Pause = no_pause
 ) -> tuple[Any, str | None]:
-    """(data, note) for one part; raises QueryError with the part and query named. A
-    conditions answer with a state set read half written is read once more, a moment later."""
-    data, note = _read_part_once(reader, part, promql, pause)
+    """(data, the series it left out) for one part; raises QueryError with the part and
+    query named. A conditions answer with a state set read half written is read once more,
+    a moment later."""
+    data, left_out = _read_part_once(reader, part, promql, pause)
     if isinstance(data, ConditionsRead) and data.half_written:
         time.sleep(min(HALF_WRITTEN_REREAD_S, reader.budget_s / 4))
-        data, note = _read_part_once(reader, part, promql, pause)
-    return data, note
+        data, left_out = _read_part_once(reader, part, promql, pause)
+    return data, left_out
 
 
 def _read_part_once(
@@ -161,15 +165,15 @@ def _read_part_once(
 ) -> tuple[Any, str | None]:
     try:
         dropped = Dropped()
-        data = parse_part(part, read_samples(reader.query(promql), pause), dropped, pause)
+        data = parse_part(part, read_samples(reader.query(promql), dropped, pause), dropped, pause)
     except QueryError as exc:
         raise QueryError(_one_line(f"{part} query `{_shown(promql)}`: {exc}")) from exc
     except Exception as exc:  # a parser bug must still not take the refresher down
         raise QueryError(
             _one_line(f"{part} query `{_shown(promql)}`: unexpected {type(exc).__name__}: {exc}")
         ) from exc
-    note = dropped.message()
-    return data, None if note is None else _one_line(f"{part} query `{_shown(promql)}`: {note}")
+    left_out = dropped.message()
+    return data, None if left_out is None else _one_line(left_out)
 
 
 def _previous_data(previous: Snapshot, part: str) -> Any:
@@ -200,7 +204,7 @@ def _run_all(
             executor.submit(_read_part, reader, part, text, pause): part
             for part, text in texts.items()
         }
-        deadline = time.monotonic() + reader.budget_s
+        deadline = time.monotonic() + reader.budget_s + BUDGET_GRACE_S
         pending: Iterable[Future[tuple[Any, str | None]]] = set(futures)
         while pending and (left := deadline - time.monotonic()) > 0:
             if cancel is not None and cancel.is_set():
@@ -219,7 +223,7 @@ def _run_all(
             except QueryError as exc:
                 outcomes[part] = exc
     finally:
-        # Stragglers finish on their own (each read is bounded by the timeout); nobody waits.
+        # A straggler (a cancelled refresh's) ends by its query's own deadline; nobody waits.
         executor.shutdown(wait=False, cancel_futures=True)
     return outcomes
 
@@ -262,14 +266,14 @@ def refresh(
         outcome = outcomes[part]
         if isinstance(outcome, QueryError):
             data[part] = _previous_data(previous, part)
-            read_at = previous.parts.get(part, Part()).read_at
-            parts[part] = Part(read_at=read_at, error=str(outcome))
+            before = previous.parts.get(part, Part())
+            parts[part] = Part(read_at=before.read_at, error=str(outcome), left_out=before.left_out)
         else:
-            data[part], note = outcome
+            data[part], left_out = outcome
+            note = None
             if part == "conditions":
-                data[part], settled = settle_conditions(data[part], previous.conditions)
-                note = "; ".join(text for text in (note, settled) if text) or None
-            parts[part] = Part(read_at=now, error=note)
+                data[part], note = settle_conditions(data[part], previous.conditions)
+            parts[part] = Part(read_at=now, error=note, left_out=left_out)
             if part == "profiles":
                 remember = inventory_window_seconds or window_seconds
                 data[part] = merge_profiles(data[part], previous.profiles, now, remember)
@@ -359,6 +363,8 @@ class Refresher:
             thread.join(timeout)
             if thread.is_alive():
                 log.warning("the Prometheus refresher did not stop within %gs", timeout)
+        with self._configuring:
+            self._reader.close()  # its idle connections; a later query still works
 
     def refresh_now(self) -> Snapshot:
         """Refresh synchronously (at reload, in tests), every part, and return the new

@@ -46,6 +46,10 @@ class Part:
 
     read_at: float | None = None
     error: str | None = None  # why the last attempt failed; None when it succeeded
+    #: The bad series the data was read without (decider.prometheus_parse), named; shown
+    #: in `missing` while the part is fresh, since the domains and nodes they were about
+    #: read as not measured.
+    left_out: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +113,8 @@ class Snapshot:
     def fresh_parts(
         self, now: float, readings_limit: float, inventory_limit: float
     ) -> tuple[frozenset[str], tuple[str, ...]]:
-        """The parts usable now, and a sentence for each one that is not."""
+        """The parts usable now, and a sentence for each one that is not, and for each usable
+        one read without some bad series."""
         fresh: set[str] = set()
         missing: list[str] = []
         for name, part in self.parts.items():
@@ -126,4 +131,6 @@ class Snapshot:
                 )
             else:
                 fresh.add(name)
+                if part.left_out:
+                    missing.append(f"{what}: {part.left_out}")
         return frozenset(fresh), tuple(missing)

@@ -324,10 +324,11 @@ def test_a_correct_answer_becomes_the_expected_snapshot(fake, reader):
     assert snapshot.prometheus_up
     assert_good(snapshot)
     assert {name: part.read_at for name, part in snapshot.parts.items()} == dict.fromkeys(PARTS, T0)
-    notes = {name: part.error for name, part in snapshot.parts.items() if part.error}
+    assert all(part.error is None for part in snapshot.parts.values())
+    notes = {name: part.left_out for name, part in snapshot.parts.items() if part.left_out}
     assert notes.keys() == {"membership"}, notes
-    assert "ignored 2 series" in notes["membership"]
-    assert 'kind "chassis"' in notes["membership"] or "'chassis'" in notes["membership"]
+    assert "left out 2 bad series" in notes["membership"]
+    assert "'chassis'" in notes["membership"] and '{domain="r9",kind="rack"}' in notes["membership"]
     assert snapshot.age_seconds(T0 + 5) == 5
 
 
@@ -394,7 +395,7 @@ FAILURES: dict[str, tuple[Reply, str]] = {
     ),
     "HTTP 400 bad_data": (
         json_reply(error_body("bad_data", "parse error at char 3"), status=400),
-        "HTTP Status Code 400",
+        "answered HTTP 400: bad_data: parse error at char 3",
     ),
     "HTTP 422 execution": (
         json_reply(error_body("execution", "too many samples"), status=422),
@@ -406,13 +407,18 @@ FAILURES: dict[str, tuple[Reply, str]] = {
         "not a Prometheus query response",
     ),
     "JSON string data": (json_reply({"status": "success", "data": "x"}), "not a Prometheus"),
-    "scalar result": (
-        json_reply({"status": "success", "data": {"resultType": "scalar", "result": [1, "2"]}}),
-        "series 0 has no `metric`",
-    ),
     "result not a list": (
         json_reply({"status": "success", "data": {"resultType": "vector", "result": {}}}),
         "not an instant vector",
+    ),
+}
+
+#: mode → (an answer whose every series is bad, what the left-out note says of it). Each is
+#: left out alone (issue 16, item 3): the part is read, without it.
+BAD_SERIES: dict[str, tuple[Reply, str]] = {
+    "scalar result": (
+        json_reply({"status": "success", "data": {"resultType": "scalar", "result": [1, "2"]}}),
+        "series 0 has no `metric`",
     ),
     "series without metric": (bad_series({"value": [T0, "1"]}), "no `metric`"),
     "labels not strings": (bad_series({"metric": {"node": 1}, "value": [T0, "1"]}), "`metric`"),
@@ -457,6 +463,24 @@ def test_a_misbehaving_prometheus_keeps_the_previous_data(fake, reader, mode):
         assert len(fake.queries) == len(PARTS) * (RETRIES + 1)
 
 
+@pytest.mark.parametrize("mode", BAD_SERIES)
+def test_a_bad_series_is_left_out_and_named_the_rest_read(fake, reader, mode):
+    baseline = good_baseline(fake, reader)
+    reply, fragment = BAD_SERIES[mode]
+    fake.answer({}, default=reply)
+
+    snapshot = refresh(baseline, reader, WINDOW_S, T0 + 60)
+
+    assert snapshot.prometheus_up
+    for name, part in snapshot.parts.items():
+        assert part.read_at == T0 + 60, name
+        assert part.left_out is not None and fragment in part.left_out, (name, part)
+    assert not snapshot.measured_watts and not snapshot.node_gpus and not snapshot.membership
+    fresh, missing = snapshot.fresh_parts(T0 + 61, readings_limit=60, inventory_limit=3600)
+    assert fresh == set(PARTS)
+    assert any("domain measured power" in line and fragment in line for line in missing)
+
+
 def test_a_refused_connection_keeps_the_previous_data(fake, reader):
     baseline = good_baseline(fake, reader)
     closed = PrometheusReader(f"http://127.0.0.1:{free_port()}", TIMEOUT_S, RETRIES)
@@ -479,7 +503,7 @@ def test_an_answer_that_never_completes_is_given_up_on_within_the_budget(fake, r
     elapsed = time.monotonic() - started
 
     assert elapsed < reader.budget_s + MARGIN_S
-    assert_kept(snapshot, baseline, set(PARTS), "no answer within")
+    assert_kept(snapshot, baseline, set(PARTS), "no complete answer from")
     assert same_data(snapshot, baseline)
 
 
@@ -487,13 +511,15 @@ def test_one_failing_query_ages_its_part_alone(fake, reader):
     baseline = good_baseline(fake, reader)
     answers = good_answers(watts=6100.0)
     answers[SERIES["conditions"]] = Reply(status=500, body=b"boom")
-    answers[SERIES["gpus"]] = bad_values("NaN")
+    answers[SERIES["gpus"]] = json_reply(
+        {"status": "success", "data": {"resultType": "vector", "result": {}}}
+    )
     fake.answer(answers)
 
     snapshot = refresh(baseline, reader, WINDOW_S, T0 + 60)
 
     assert_kept(snapshot, baseline, {"conditions"}, "HTTP error")
-    assert_kept(snapshot, baseline, {"gpus"}, "not a finite number")
+    assert_kept(snapshot, baseline, {"gpus"}, "not an instant vector")
     assert snapshot.conditions == baseline.conditions
     assert snapshot.node_gpus == baseline.node_gpus
     assert snapshot.measured_watts[rack("r1")] == 6100.0
@@ -503,6 +529,42 @@ def test_one_failing_query_ages_its_part_alone(fake, reader):
     fresh, missing = snapshot.fresh_parts(T0 + 150, readings_limit=60, inventory_limit=3600)
     assert "conditions" not in fresh and "gpus" in fresh
     assert any("domain conditions" in line and "HTTP error" in line for line in missing)
+
+
+def test_one_bad_series_costs_its_own_domain_or_node_alone(fake, reader):
+    """A NaN for one rack and 7.5 GPUs on one node (issue 16, item 3): the rest of each
+    part is read and used; the bad series are named in the part's note and in `missing`."""
+    baseline = good_baseline(fake, reader)
+    answers = good_answers(watts=6100.0)
+    answers[SERIES["measured"]] = vector(
+        ({"kind": "rack", "domain": "r1"}, "6100"),
+        ({"kind": "rack", "domain": "r2"}, "NaN"),  # a rack without a budget
+        ({"kind": "pdu", "domain": "r1-a"}, "-5"),  # negative power
+        ({"kind": "row", "domain": "12"}, "+Inf"),
+    )
+    answers[SERIES["gpus"]] = vector(({"node": "n1"}, "7.5"), ({"node": "n2"}, "4"))
+    answers[SERIES["limits"]] = vector(({"node": "n1"}, "-Inf"), ({"node": "n2"}, "350"))
+    fake.answer(answers)
+
+    snapshot = refresh(baseline, reader, WINDOW_S, T0 + 60)
+
+    assert snapshot.prometheus_up
+    assert snapshot.measured_watts == {rack("r1"): 6100.0}
+    assert snapshot.node_gpus == {"n2": 4}
+    assert snapshot.gpu_limit_watts == {"n2": 350.0}
+    parts = snapshot.parts
+    assert all(part.read_at == T0 + 60 and part.error is None for part in parts.values())
+    measured = parts["measured"].left_out or ""
+    assert measured.startswith("left out 3 bad series: "), measured
+    assert '{domain="r2",kind="rack"} has value \'NaN\', not a finite number' in measured
+    assert '{domain="r1-a",kind="pdu"}: -5 is negative' in measured
+    assert '{domain="12",kind="row"}' in measured
+    assert '{node="n1"}: 7.5 GPUs, not a whole number' in (parts["gpus"].left_out or "")
+    assert "'-Inf'" in (parts["limits"].left_out or "")
+    fresh, missing = snapshot.fresh_parts(T0 + 61, readings_limit=60, inventory_limit=3600)
+    assert fresh == set(PARTS)
+    named = [line.partition(": left out")[0] for line in missing if "left out" in line]
+    assert named == [PARTS[name] for name in ("membership", "measured", "gpus", "limits")]
 
 
 def half_written(*domains: DomainRef, whole: Mapping[DomainRef, str] | None = None) -> Reply:
@@ -583,6 +645,7 @@ def test_a_part_never_read_stays_unread_when_its_query_fails(fake, reader):
     assert snapshot.node_gpus == {"n1": 8, "n2": 4}
     assert snapshot.age_seconds(T0) is None
     _, missing = snapshot.fresh_parts(T0, readings_limit=60, inventory_limit=3600)
+    missing = tuple(line for line in missing if "left out" not in line)  # membership's note
     assert len(missing) == 1 and "never read" in missing[0] and "limits query" in missing[0]
 
 
@@ -708,6 +771,7 @@ def test_a_down_prometheus_leaves_the_last_snapshot_serving_and_ageing(fake, cap
         assert down.age_seconds(now[0]) == 100 * step
     fresh, missing = down.fresh_parts(now[0], readings_limit=120, inventory_limit=3600)
     assert fresh == {"membership", "inventory", "gpus", "limits"}
+    missing = tuple(line for line in missing if "left out" not in line)  # membership's note
     assert len(missing) == len(PARTS) - len(INVENTORY_PARTS) and all(
         "HTTP error" in line for line in missing
     )
