@@ -16,39 +16,7 @@ from exporter.poller import SourceRunner
 from exporter.samples import NoData, Sample
 from exporter.sources import cray
 from exporter.sources.cray import CrayConfig, CraySource
-
-STAMP = 1573671385347629
-
-#: An EX node with four GPUs: every file the controller writes, most not read.
-EX_NODE = {
-    "power": "1210 W",
-    "energy": "2583427 J",
-    "cpu_power": "140 W",
-    "cpu_energy": "402211 J",
-    "cpu_temp": "51 C",
-    "memory_power": "31 W",
-    "memory_energy": "98345 J",
-    "accel0_power": "240 W",
-    "accel1_power": "236 W",
-    "accel2_power": "251 W",
-    "accel3_power": "244 W",
-    "accel0_energy": "412000 J",
-    "power_cap": "0 W",
-    "generation": "8",
-    "startup": "1573650000001234",
-    "version": "2",
-    "raw_scan_hz": "10",
-    "freshness": "16345",
-}
-
-
-def write_tree(sysfs: Path, counters: dict[str, str]) -> Path:
-    root = sysfs / "cray" / "pm_counters"
-    root.mkdir(parents=True, exist_ok=True)
-    for name, value in counters.items():
-        unit = len(value.split()) > 1
-        (root / name).write_text(f"{value} {STAMP} us\n" if unit else f"{value}\n")
-    return root
+from tests.node_power_helpers import EX_NODE, write_tree
 
 
 def advance(root: Path) -> None:

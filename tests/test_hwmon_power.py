@@ -19,6 +19,7 @@ from exporter.collector import served_samples
 from exporter.poller import SourceRunner
 from exporter.samples import NoData, Sample
 from exporter.sources.hwmon_power import HwmonPowerConfig, HwmonPowerSource
+from tests.node_power_helpers import acpi_meter
 from tests.shared_fixtures import SHARED_FIXTURES
 
 KEPLER = SHARED_FIXTURES / "kepler" / "sys"
@@ -54,25 +55,6 @@ def kepler(tmp_path: Path) -> Path:
             if not path.is_symlink():
                 path.chmod(0o755 if path.is_dir() else 0o644)
     return tmp_path / "sys"
-
-
-def acpi_meter(sysfs: Path, index: int, microwatts: int | str | None, oem_info: str | None) -> Path:
-    """One ACPI power meter: /sys/devices/LNXSYSTM:00/LNXSYBUS:00/ACPI000D:0N + its hwmon."""
-    device = sysfs / "devices" / "LNXSYSTM:00" / "LNXSYBUS:00" / f"ACPI000D:0{index}"
-    hwmon = device / "hwmon" / f"hwmon{index}"
-    hwmon.mkdir(parents=True)
-    (hwmon / "device").symlink_to(Path("../../../") / device.name)
-    (device / "name").write_text("power_meter\n")
-    if microwatts is not None:
-        (device / "power1_average").write_text(f"{microwatts}\n")
-    (device / "power1_average_interval").write_text("1000\n")
-    (device / "power1_is_battery").write_text("0\n")
-    if oem_info is not None:
-        (device / "power1_oem_info").write_text(f"{oem_info}\n")
-    link = sysfs / "class" / "hwmon" / f"hwmon{index}"
-    link.parent.mkdir(parents=True, exist_ok=True)
-    link.symlink_to(os.path.relpath(hwmon, link.parent))
-    return device
 
 
 Module = int | str | None  # µW; a string is written as it is; None: no such meter

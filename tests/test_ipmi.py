@@ -20,9 +20,8 @@ import pytest
 from exporter.poller import SourceRunner
 from exporter.samples import NoData, PartialReading, Sample
 from exporter.sources.ipmi import IpmiConfig, IpmiSource, parse_power, parse_sdr_temperatures
-from tests.shared_fixtures import SHARED_FIXTURES
+from tests.node_power_helpers import OUTPUTS
 
-OUTPUTS = SHARED_FIXTURES / "ceems" / "bsd3" / "tool-outputs"
 RECORDED = {  # tool → (recorded report, its current power)
     "ipmi-dcmi": ("ipmi-dcmi.stdout.txt", 332.0),
     "ipmitool": ("ipmitool.stdout.txt", 2578.0),

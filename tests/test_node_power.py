@@ -173,9 +173,7 @@ def test_last_reading_is_served_up_to_its_limit_and_not_after() -> None:
 def test_the_exporter_serves_each_node_power_source(tmp_path: Path) -> None:
     """`llmgw-exporter --once` over a node with IPMI, a Redfish BMC, Cray counters and hwmon."""
     from tests.fake_redfish import PASSWORD, USER, FakeRedfish
-    from tests.test_cray import EX_NODE, write_tree
-    from tests.test_hwmon_power import acpi_meter
-    from tests.test_ipmi import OUTPUTS
+    from tests.node_power_helpers import EX_NODE, OUTPUTS, acpi_meter, write_tree
 
     sysfs = tmp_path / "sys"
     (sysfs / "class" / "ipmi" / "ipmi0").mkdir(parents=True)
