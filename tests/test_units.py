@@ -31,16 +31,11 @@ from exporter.sources.units import (
 from tests.conftest import FakeNvml
 from tests.shared_fixtures import SHARED_FIXTURES
 from tests.ttar import extract
+from tests.units_helpers import BATCH, GLOB, H100, JOBS, OTHER, PATTERN, TASK, in_cgroup, shares
 
 CEEMS = SHARED_FIXTURES / "ceems" / "bsd3"
 ORACLE = CEEMS / "expected" / "e2e-test-cgroupsv2-all-metrics-output.txt"
-JOBS = "system.slice/slurmstepd.scope"
-GLOB = f"{JOBS}/job_*"
-PATTERN = r"job_(?P<unit>\d+)$"
-H100 = "GPU-00000000-0000-0000-0000-000000000000"
 SECOND = "GPU-11111111-1111-1111-1111-111111111111"
-# pids of CEEMS' proc tree; the tree has no /proc/<pid>/cgroup, the tests write them.
-BATCH, TASK, OTHER = 3346567, 3346596, 3346674
 
 
 @pytest.fixture(scope="module")
@@ -82,13 +77,6 @@ def series(samples: list[Sample]) -> dict[tuple, float]:
 
 def unit_names(got: dict[tuple, float]) -> set[str]:
     return {dict(k[1:])["unit"] for k in got if k[0] == "llmgw_unit_info"}
-
-
-def in_cgroup(root: Path, pid: int, cgroup: str) -> None:
-    (root / "proc" / str(pid)).mkdir(parents=True, exist_ok=True)
-    (root / "proc" / str(pid) / "cgroup").write_text(
-        f"12:memory:/{cgroup}\n1:name=systemd:/{cgroup}\n0::/{cgroup}\n"
-    )
 
 
 def oracle() -> dict[str, dict[str, float]]:
@@ -240,14 +228,6 @@ def test_unreadable_proc_is_reported_with_the_units_served(node: Path):
 
 
 # --- GPUs -----------------------------------------------------------------------------------------
-
-
-def shares(samples: list[Sample]) -> dict[tuple[str, str, str], float]:
-    return {
-        (s.labels["unit"], s.labels["uuid"], s.labels["gpu_instance"]): s.value
-        for s in samples
-        if s.metric == "llmgw_unit_gpu_share"
-    }
 
 
 def two_gpus(fake_nvml: FakeNvml) -> dict:

@@ -41,8 +41,8 @@ from exporter.samples import PartialReading, Sample
 from exporter.sources.units import UnitsConfig, UnitsSource
 from tests.conftest import FakeNvml
 from tests.shared_fixtures import SHARED_FIXTURES
-from tests.test_units import BATCH, GLOB, H100, JOBS, OTHER, PATTERN, TASK, in_cgroup, shares
 from tests.ttar import extract
+from tests.units_helpers import BATCH, GLOB, H100, JOBS, OTHER, PATTERN, TASK, in_cgroup, shares
 
 CEEMS = SHARED_FIXTURES / "ceems" / "bsd3"
 PROCFS = SHARED_FIXTURES / "procfs" / "fixtures.ttar"
