@@ -16,21 +16,13 @@ from pathlib import Path
 import pytest
 
 from exporter.poller import SourceRunner
-from exporter.samples import NoData, PartialReading, Sample
+from exporter.samples import NoData, PartialReading
 from exporter.sources.redfish import RedfishConfig, RedfishSource
 from tests.fake_redfish import PASSWORD, SESSIONS, USER, FakeRedfish
+from tests.redfish_helpers import POWER, FakeClock, values
 
 CHASSIS_1 = "/redfish/v1/Chassis/Chassis-1"
-POWER = "llmgw_node_power_watts"
 INLET = "llmgw_node_inlet_temperature_celsius"
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -46,14 +38,6 @@ def make_source(
     keys.setdefault("timeout", 2)
     config = RedfishConfig.model_validate({"url": url, "credentials_file": credentials, **keys})
     return RedfishSource(Path("/nonexistent"), config, clock or FakeClock())
-
-
-def values(samples: list[Sample]) -> dict[tuple[str, str], float]:
-    out = {
-        (s.metric, s.labels.get("source") or s.labels.get("sensor", "")): s.value for s in samples
-    }
-    assert len(out) == len(samples)
-    return out
 
 
 def chassis_with(bmc: FakeRedfish, **links: str) -> None:

@@ -20,7 +20,7 @@ import pytest
 from exporter.poller import SourceRunner
 from exporter.sources.redfish import RedfishConfig, RedfishSource
 from tests.fake_redfish import PASSWORD, FakeRedfish
-from tests.test_redfish import POWER, FakeClock, values
+from tests.redfish_helpers import POWER, FakeClock, values
 
 OPENSSL_CONFIG = """\
 [req]
