@@ -234,6 +234,8 @@ def test_the_demo_tells_its_story_once(tmp_path):
         "rack r12-01: ",
         "== 3. A cooling unit of row 12 fails",
         "row 12 went ok -> warm -> hot",
+        # each kind from its own evidence: one hot row of two leaves its room and site ok
+        "room hall-b ok, site sto1 ok: row 12's heat is not theirs",
         "== 4. Placements move elsewhere",
         "and the rest of row 12: row 12 hot",
         "== 5. The alert arrives at Alertmanager",

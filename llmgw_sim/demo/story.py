@@ -7,8 +7,10 @@
    each time waiting until the rack's measured power (the simulated nodes' load follows
    the reservations) reaches the decider, until the decider refuses the next one; the
    refusal is printed with its figures.
-3. A cooling unit fails: the scenario's timeline starts; its row's inlet air rises and
-   the row turns warm, then hot (the decider's condition, from the rules).
+3. A cooling unit fails: the scenario's timeline starts; its row's inlet air rises, its
+   racks turn warm and the row with them, then the cooling unit's alarm makes the row hot
+   (the decider's condition, from the rules: a row from its own evidence, never from one
+   rack); the room and the site stay as they were.
 4. Placements move elsewhere: the same replica with every node as a candidate, the hot
    row's nodes first: they are refused as hot, and the replica lands in another row.
 5. The alert arrives: LlmgwDomainHot for that row, read from Alertmanager's API.
@@ -307,6 +309,16 @@ class Story:
         if "warm" not in seen:
             raise StoryFailed(f"row {self.row} went {' -> '.join(seen)}: never warm before hot")
         self.say(f"row {self.row} went {' -> '.join(seen)}")
+        # Each kind from its own evidence: the row's heat is not its room's or site's.
+        place = self.sim.node(self.row_nodes[0]).place
+        parents = [("room", place.room), ("site", place.site)]
+        conditions = {kind: self.domain(kind, name)["condition"] for kind, name in parents}
+        if "hot" in conditions.values():
+            raise StoryFailed(f"row {self.row}'s heat made its parents hot: {conditions}")
+        self.say(
+            ", ".join(f"{kind} {name} {conditions[kind]}" for kind, name in parents)
+            + f": row {self.row}'s heat is not theirs"
+        )
 
     def place_elsewhere(self) -> None:
         self.title("4. Placements move elsewhere")
