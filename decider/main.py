@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import socket
 import sys
@@ -18,6 +19,7 @@ from types import FrameType
 import uvicorn
 
 from decider.api import create_app
+from decider.api.http_server import MAX_HEADER_BYTES, HeaderLimitedH11Protocol
 from decider.config import split_listen
 from decider.placement import entry_index
 from decider.service import Service, load_all
@@ -31,8 +33,8 @@ EXIT_BAD_CONFIG = 2
 
 class _Server(uvicorn.Server):
     """uvicorn, stopping the decider's threads and closing its database once it has stopped
-    serving: on SIGTERM or SIGINT uvicorn re-raises the signal after its shutdown, which ends
-    the process before `main`'s own clean-up could run."""
+    serving. On SIGTERM or SIGINT uvicorn shuts down gracefully, then raises the signal again
+    into the handler it found (`main`'s `on_stop`, which makes the exit a clean 0)."""
 
     def __init__(self, service: Service, config: uvicorn.Config) -> None:
         super().__init__(config)
@@ -72,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
             log_level=args.log_level,
             access_log=False,
             lifespan="off",
+            # A head past MAX_HEADER_BYTES gets 431 (decider.api.http_server).
+            http=HeaderLimitedH11Protocol,
+            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         ),
     )
 
@@ -80,7 +85,15 @@ def main(argv: list[str] | None = None) -> int:
         # reload waits for a refresh in flight (as long as Prometheus' timeout × attempts).
         threading.Thread(target=service.reload, name="reload", daemon=True).start()
 
+    def on_stop(_signum: int, _frame: FrameType | None) -> None:
+        # Before uvicorn serves (its own handlers not yet in place): stop as soon as it has
+        # started. After its graceful shutdown it raises the signal again into this handler,
+        # whose default would end the process by the signal (status -15), not with 0.
+        server.should_exit = True
+
     signal.signal(signal.SIGHUP, on_hangup)
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
     if not entry_index.COMPILED:
         log.warning(
             "the placement loop in C (decider/placement/_entry_index.c) is not built: "
@@ -100,7 +113,14 @@ def main(argv: list[str] | None = None) -> int:
         server.run()
     finally:
         service.stop()
-    return 0 if server.started else 1
+    # End here, output flushed, rather than return to the interpreter's exit: that waits for
+    # every thread of a ThreadPoolExecutor, and a query to Prometheus cancelled by the
+    # shutdown (or one a refresh started meanwhile) may be inside its call for as long as
+    # its timeout. Everything to keep is closed: the database above, in `service.stop`.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if server.started else 1)
 
 
 if __name__ == "__main__":

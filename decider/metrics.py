@@ -177,3 +177,21 @@ def phase_families(view: View) -> Iterator[GaugeMetricFamily]:
             reserved.add_metric(values, state.reserved)
             headroom.add_metric(values, state.headroom)
     yield from (budget, reserved, headroom)
+
+
+class DatabaseCollector(Collector):
+    """`llmgw_decider_database_ok`: whether the database the decider writes is the file the
+    next start reads (decider.store), checked at each scrape, so that a database deleted
+    under a running decider is seen before the next write fails."""
+
+    def __init__(self, problem: Callable[[], str | None]) -> None:
+        self._problem = problem
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "llmgw_decider_database_ok",
+            "1 while the decider's database is the file at its path (0: deleted or replaced "
+            "under it; every write is refused).",
+        )
+        family.add_metric([], 0.0 if self._problem() else 1.0)
+        yield family

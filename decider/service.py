@@ -4,6 +4,8 @@ reload that swaps a new configuration in whole or keeps the old one (DESIGN.md Â
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -19,11 +21,11 @@ from decider.decisions import DecisionLog
 from decider.domains_json import domain_json
 from decider.facility import Facility
 from decider.giving_way import GIVE_WAY_SHARE, InFlight
-from decider.metrics import DecisionCounters, DomainCollector
+from decider.metrics import DatabaseCollector, DecisionCounters, DomainCollector
 from decider.refresher import Refresher
 from decider.shedding import Shedder, SheddingCollector
 from decider.state import State
-from decider.store import Store
+from decider.store import Store, StoreError
 from llmgw_common.yamlfile import ConfigError
 
 log = logging.getLogger(__name__)
@@ -51,11 +53,36 @@ class FilesError(ConfigError):
 
 
 def read_token(path: Path) -> str:
-    """The bearer token: the file's first line, stripped. Raises ConfigError."""
+    """The bearer token: the file's first line, stripped. Raises ConfigError.
+
+    As ssh with a private key: a token file that users other than its owner can write is
+    refused (whoever writes it chooses the token), one that every user can read is taken
+    with a warning (anyone on the host can then make reservations and holds)."""
     try:
         token = path.read_text(encoding="utf-8").strip()
+        mode = stat.S_IMODE(os.stat(path).st_mode)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(path, [f"1: cannot read the token file: {exc}"]) from exc
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        writers = " and ".join(
+            who
+            for who, bit in (("its group", stat.S_IWGRP), ("every user", stat.S_IWOTH))
+            if mode & bit
+        )
+        raise ConfigError(
+            path,
+            [
+                f"1: the token file is writable by {writers} (mode {mode:04o}): whoever can "
+                f"write it chooses the token; chmod 600 {path}"
+            ],
+        )
+    if mode & stat.S_IROTH:
+        log.warning(
+            "%s: the token file is readable by every user (mode %04o): anyone on this host "
+            "can make reservations and holds; chmod 600 it",
+            path,
+            mode,
+        )
     if not token or "\n" in token or len(token) < 16 or not token.isascii():
         raise ConfigError(path, ["1: the token must be one line of at least 16 ASCII characters"])
     return token
@@ -84,6 +111,21 @@ def load_all(config_path: Path) -> Loaded:
         raise FilesError(errors)
     assert facility is not None
     return Loaded(config, facility, token)
+
+
+def budgets_dropped(running: Facility, new: Facility) -> str | None:
+    """Why a new facility file must not replace the running one unforced: it budgets none of
+    the domains the running one budgets, which would switch every power check off at once (a
+    truncated or wrong file). None: it keeps at least one of them, or nothing was budgeted."""
+    budgeted = [
+        key
+        for key, domain in running.domains.items()
+        if domain.cap(running.defaults.derating) is not None
+    ]
+    if not budgeted or any(new.cap_watts(*key.split("/", 1)) is not None for key in budgeted):
+        return None
+    named = ", ".join(budgeted[:3]) + (f" and {len(budgeted) - 3} more" * (len(budgeted) > 3))
+    return f"it budgets none of the {len(budgeted)} domains the running file budgets ({named})"
 
 
 def hot_lookback(facility: Facility) -> float:
@@ -115,6 +157,8 @@ class Service:
         self.refresher.hot_lookback_seconds = hot_lookback(loaded.facility)
         self.shedder = Shedder(self.store, self.state.view, time.time, self.state.record_proposals)
         self.registry.register(SheddingCollector(self.shedder))
+        self._database_problem: str | None = None
+        self.registry.register(DatabaseCollector(self.database_problem))
         self._reload_lock = threading.Lock()
         self._stopping = threading.Event()
         self._sweeper = threading.Thread(target=self._sweep, name="reservation-expiry", daemon=True)
@@ -150,14 +194,37 @@ class Service:
         self.refreshed_once = True
 
     def _sweep(self) -> None:
+        failing: str | None = None
         while not self._stopping.wait(SWEEP_INTERVAL_S):
             try:
                 self.state.expire()
-            except Exception:  # a full disk must not end expiry for good
+                failing = None
+            except StoreError as exc:  # a full disk must not end expiry for good
+                if str(exc) != failing:  # once per cause, not every second
+                    log.error("expiring reservations failed; retrying every second: %s", exc)
+                failing = str(exc)
+            except Exception:
                 log.exception("expiring reservations failed; retrying")
 
-    def reload(self) -> list[str]:
-        """Re-read every file; apply all of it, or on any problem none of it (the problems)."""
+    def database_problem(self) -> str | None:
+        """None while the database the decider writes is the file the next start reads; else
+        why not (`FILE: reason`): writes are refused (503), /readyz is not ready and
+        llmgw_decider_database_ok is 0 (decider.store)."""
+        problem = self.store.problem()
+        described = None if problem is None else f"{self.store.path}: {problem}"
+        if described != self._database_problem:
+            if described is not None:
+                log.error("the database cannot be written: %s", described)
+            else:
+                log.info("the database %s is the file at its path again", self.store.path)
+            self._database_problem = described
+        return described
+
+    def reload(self, force: bool = False) -> list[str]:
+        """Re-read every file; apply all of it, or on any problem none of it (the problems).
+
+        A facility file that budgets none of the domains the running one budgets is refused
+        unless `force` (POST /-/reload?force=true; SIGHUP never forces)."""
         with self._reload_lock:
             try:
                 loaded = load_all(self.config_path)
@@ -165,6 +232,16 @@ class Service:
                 problems = str(exc).splitlines()
                 log.error("reload refused, the running configuration stays:\n%s", exc)
                 return problems
+            dropped = budgets_dropped(self.loaded.facility, loaded.facility)
+            if dropped is not None and not force:
+                problem = (
+                    f"{loaded.config.facility}: {dropped}: a truncated or wrong file? To apply "
+                    "it anyway, POST /-/reload?force=true (SIGHUP never forces)"
+                )
+                log.error("reload refused, the running configuration stays:\n%s", problem)
+                return [problem]
+            if dropped is not None:
+                log.warning("reload forced: %s: %s", loaded.config.facility, dropped)
             old = self.loaded.config
             unchanged = ("listen", "database")
             ignored = [

@@ -3,15 +3,29 @@
 Every change is committed, with `synchronous=FULL` in WAL mode, before the call returns: a
 reservation acknowledged to the scheduler survives a `kill -9` or a power cut the moment
 after. One connection, used under the caller's lock (decider.state serialises writers).
+
+Only a write on the files the next start reads is acknowledged: the database and its WAL
+are checked to be the files at their paths (device and inode, as opened) before and after
+each write, so that a database deleted or replaced under a running decider (`rm
+decider.db*`) turns every later write into a StoreError naming the file (`problem()` says
+why, for /readyz and /metrics), never a 201 into a deleted file.
+
+At start every row is read and checked, and the whole file with `PRAGMA quick_check`: a
+damaged database (a zeroed page, a row that is not this decider's) is a StoreError naming
+the file and the row, never a traceback or a row silently dropped.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from decider.facility import DomainRef
 
@@ -44,7 +58,38 @@ CREATE TABLE IF NOT EXISTS shedding_moves (
 
 
 class StoreError(Exception):
-    """The database cannot be opened or written; the message says which file and why."""
+    """The database cannot be opened, read or written; the message says which file and why."""
+
+
+#: (st_dev, st_ino) of each file: a file's identity, whatever its path.
+Identity = tuple[tuple[int, int], ...]
+Row = TypeVar("Row")
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{value!r} is not a number")
+    return float(value)
+
+
+def _optional_number(value: Any) -> float | None:
+    return None if value is None else _number(value)
+
+
+def _json(text: Any, column: str, shape: type) -> Any:
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{column} {text!r} is not JSON ({exc})") from exc
+    if not isinstance(value, shape):
+        raise ValueError(f"{column} {text!r} is not a JSON {shape.__name__}")
+    return value
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{value!r} is not text")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +134,8 @@ class Hold:
 class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
+        # SQLite names the WAL after the database's real path (symlinks resolved).
+        self.wal_path = Path(f"{os.path.realpath(path)}-wal")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             # check_same_thread=False: writers are serialised by decider.state's lock.
@@ -108,6 +155,16 @@ class Store:
                 )
             self._db.executescript(_SCHEMA)
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            damage = [
+                line.strip(" *")
+                for (row,) in self._db.execute("PRAGMA quick_check(5)").fetchall()
+                for line in str(row).splitlines()
+            ]
+            if damage != ["ok"]:
+                self._db.close()
+                raise StoreError(f"{path}: the database is damaged: {'; '.join(damage)}")
+            # The files as opened: the WAL exists from the first write (the one above) on.
+            self._identity = self._identities()
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc):
                 raise StoreError(
@@ -117,39 +174,92 @@ class Store:
             raise StoreError(f"{path}: cannot open the database: {exc}") from exc
         except sqlite3.Error as exc:
             raise StoreError(f"{path}: cannot open the database: {exc}") from exc
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot open the database: {exc}") from exc
 
     def close(self) -> None:
         self._db.close()
 
-    def _write(self, sql: str, parameters: tuple[Any, ...]) -> sqlite3.Cursor:
+    # --- the files' identity ------------------------------------------------------------------
+
+    def _identities(self) -> Identity:
+        """The database's and its WAL's (device, inode) at their paths; OSError if either is
+        gone."""
+        return tuple(
+            (status.st_dev, status.st_ino)
+            for status in (os.stat(self.path), os.stat(self.wal_path))
+        )
+
+    def problem(self) -> str | None:
+        """None while the files at the database's paths are the ones this decider writes;
+        else why not (deleted, replaced): a write now would be on files no start reads."""
         try:
-            return self._db.execute(sql, parameters)  # autocommit: durable on return
-        except sqlite3.IntegrityError:
-            raise
+            found = self._identities()
+        except FileNotFoundError as exc:
+            return (
+                f"{exc.filename} was deleted while the decider ran: the decider writes to a "
+                "file no start would read, so it writes nothing more (docs/runbooks.md)"
+            )
+        except OSError as exc:
+            return f"cannot check the database's files: {exc}"
+        if found != self._identity:
+            return (
+                "the database was replaced while the decider ran (its file or WAL at the "
+                "path is another file): the decider writes nothing more (docs/runbooks.md)"
+            )
+        return None
+
+    def _check_files(self) -> None:
+        problem = self.problem()
+        if problem is not None:
+            raise StoreError(f"{self.path}: {problem}")
+
+    @contextmanager
+    def _on_the_files(self) -> Iterator[None]:
+        """Write only to the files the next start reads, and report a write done while they
+        were deleted or replaced as failed (StoreError): never acknowledged."""
+        self._check_files()
+        yield
+        self._check_files()
+
+    def _write(self, sql: str, parameters: tuple[Any, ...]) -> sqlite3.Cursor:
+        with self._on_the_files():
+            try:
+                return self._db.execute(sql, parameters)  # autocommit: durable on return
+            except sqlite3.IntegrityError:
+                raise
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.path}: cannot write: {exc}") from exc
+
+    # --- reading at start ---------------------------------------------------------------------
+
+    def _rows(self, what: str, sql: str, build: Callable[[tuple[Any, ...]], Row]) -> list[Row]:
+        """Every row of a query, each built and checked; StoreError naming the file and the
+        row (its first column) on a row this decider did not write or cannot read."""
+        try:
+            rows = self._db.execute(sql).fetchall()
         except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: cannot write: {exc}") from exc
+            raise StoreError(
+                f"{self.path}: cannot read the {what}: {exc} (a damaged file, or a table "
+                "not of this decider's schema)"
+            ) from exc
+        built = []
+        for row in rows:
+            try:
+                built.append(build(row))
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                raise StoreError(f"{self.path}: {what} row {row[0]!r}: {exc}") from exc
+        return built
 
     # --- reservations -------------------------------------------------------------------------
 
     def reservations(self) -> list[Reservation]:
-        rows = self._db.execute(
+        return self._rows(
+            "reservations",
             "SELECT id, node, replica, estimate_watts, gpus, domains, created_at, expires_at, "
-            "confirmed_at FROM reservations ORDER BY created_at, id"
-        ).fetchall()
-        return [
-            Reservation(
-                id=row[0],
-                node=row[1],
-                replica=json.loads(row[2]),
-                estimate_watts=row[3],
-                gpus=row[4],
-                domains=tuple(DomainRef.parse(key) for key in json.loads(row[5])),
-                created_at=row[6],
-                expires_at=row[7],
-                confirmed_at=row[8],
-            )
-            for row in rows
-        ]
+            "confirmed_at FROM reservations ORDER BY created_at, id",
+            _reservation,
+        )
 
     def add(self, reservation: Reservation) -> bool:
         """Store it; False if a reservation with this id exists (nothing written then)."""
@@ -194,12 +304,12 @@ class Store:
     # --- holds --------------------------------------------------------------------------------
 
     def holds(self) -> dict[DomainRef, Hold]:
-        rows = self._db.execute("SELECT domain, reason, held_at FROM holds").fetchall()
-        holds = {}
-        for key, reason, held_at in rows:
-            ref = DomainRef.parse(key)
-            holds[ref] = Hold(ref, reason, held_at)
-        return holds
+        holds = self._rows(
+            "holds",
+            "SELECT domain, reason, held_at FROM holds",
+            lambda row: Hold(DomainRef.parse(_text(row[0])), _text(row[1]), _number(row[2])),
+        )
+        return {hold.domain: hold for hold in holds}
 
     def hold(self, hold: Hold) -> None:
         """Hold the domain (a second hold replaces the reason and time)."""
@@ -216,15 +326,24 @@ class Store:
     # --- shedding pacing ----------------------------------------------------------------------
 
     def proposals(self) -> dict[DomainRef, Proposal]:
-        rows = self._db.execute(
-            "SELECT domain, reservation, proposed_at, left_at FROM shedding_moves"
-        ).fetchall()
-        return {DomainRef.parse(key): Proposal(*row) for key, *row in rows}
+        rows = self._rows(
+            "shedding moves",
+            "SELECT domain, reservation, proposed_at, left_at FROM shedding_moves",
+            lambda row: (
+                DomainRef.parse(_text(row[0])),
+                Proposal(_text(row[1]), _number(row[2]), _optional_number(row[3])),
+            ),
+        )
+        return dict(rows)
 
     def set_proposals(self, changed: dict[DomainRef, Proposal | None]) -> None:
         """Record (or, for None, forget) each domain's last proposed move, in one transaction."""
         if not changed:
             return
+        with self._on_the_files():
+            self._set_proposals(changed)
+
+    def _set_proposals(self, changed: dict[DomainRef, Proposal | None]) -> None:
         try:
             self._db.execute("BEGIN")
             for domain, proposal in changed.items():
@@ -240,3 +359,23 @@ class Store:
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
             raise StoreError(f"{self.path}: cannot write: {exc}") from exc
+
+
+def _reservation(row: tuple[Any, ...]) -> Reservation:
+    """A reservations row, checked as this decider writes it (ValueError saying what is not)."""
+    replica = _json(row[2], "replica", dict)
+    domains = _json(row[5], "domains", list)
+    gpus = row[4]
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+        raise ValueError(f"gpus {gpus!r} is not a count")
+    return Reservation(
+        id=_text(row[0]),
+        node=_text(row[1]),
+        replica=replica,
+        estimate_watts=_number(row[3]),
+        gpus=gpus,
+        domains=tuple(DomainRef.parse(_text(key)) for key in domains),
+        created_at=_number(row[6]),
+        expires_at=_optional_number(row[7]),
+        confirmed_at=_optional_number(row[8]),
+    )

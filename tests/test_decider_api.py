@@ -620,7 +620,12 @@ def test_readyz_waits_for_the_first_refresh(fake, make):
     assert all(entry["allowed"] for entry in answer["nodes"])
     assert len(answer["missing"]) >= len(PARTS)
     fake.release()
-    assert decider.wait_ready() == {"ready": True, "prometheus_up": True, "missing": []}
+    assert decider.wait_ready() == {
+        "ready": True,
+        "prometheus_up": True,
+        "missing": [],
+        "database": "ok",
+    }
 
 
 def test_readyz_with_prometheus_down(make, fake):

@@ -435,8 +435,8 @@ def test_sigterm_during_a_hanging_refresh_stops_promptly_and_cleanly(tmp_path, f
         poll(lambda: fake.waiting >= 1, "a refresh to hang")
         assert decider.reserve("before-stop", COOL_NODES[0], REPLICA).status_code == 201
         start = time.monotonic()
-        # uvicorn ends the process with the signal it caught, once it has shut down.
-        assert decider.stop() in (0, -signal.SIGTERM), decider.log_tail()
+        # A clean shutdown, exit 0 as documented (not the signal uvicorn re-raises after it).
+        assert decider.stop() == 0, decider.log_tail()
         # The refresh is cancelled, not waited for (it would take 2 × 20 s).
         assert time.monotonic() - start < 8.0
         # …and the decider's own clean-up ran before that.

@@ -24,11 +24,13 @@ def router(service: Service) -> APIRouter:
     @routes.get("/readyz", summary="Readiness: the first refresh from Prometheus was attempted")
     async def readyz() -> Response:
         view = service.state.view()
-        ready = service.refreshed_once
+        database = service.database_problem()  # None: writes reach the file a start reads
+        ready = service.refreshed_once and database is None
         body = {
             "ready": ready,
             "prometheus_up": view.snapshot.prometheus_up,
             "missing": list(view.missing),
+            "database": database or "ok",
         }
         return json_response(body, 200 if ready else 503)
 

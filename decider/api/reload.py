@@ -17,8 +17,9 @@ def router(service: Service, require_token: RequireToken) -> APIRouter:
         dependencies=[Depends(require_token)],
         summary="Re-read decider.yaml and facility.yaml",
     )
-    def reload() -> Response:
-        problems = service.reload()
+    def reload(force: bool = False) -> Response:
+        # force=true applies a facility file that drops every running budget (Service.reload)
+        problems = service.reload(force=force)
         if problems:
             return json_response(
                 {"detail": "kept the running configuration", "problems": problems}, 400
