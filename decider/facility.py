@@ -59,7 +59,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from decider import promql
+from decider import names, promql
 from llmgw_common.yamlfile import Duration, load_model
 
 Kind = Literal["site", "room", "row", "rack", "pdu"]
@@ -114,7 +114,8 @@ def check_name(name: str, kind: str | None = None) -> str:
         raise ValueError(f"{name!r} contains a control character")
     if kind == "pdu" and "," in name:
         raise ValueError(f"{name!r} contains ',', which separates feeds in llmgw.io/pdu")
-    return name
+    # And what the API can name in a URL (`rack/..` could not be): decider.names.
+    return names.check_name(name)
 
 
 class DomainRef(NamedTuple):

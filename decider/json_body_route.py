@@ -9,20 +9,26 @@ model and which has no dependencies.
 
 Only the well-formed request takes that path. Anything else goes FastAPI's own way, the
 route's usual handler, so that what a caller sees is what FastAPI answers: another content
-type, a request-body limit in force, a body that does not parse or validate (the same 422,
-naming the field, from the same exception handler). The route's OpenAPI document is
-FastAPI's: the route is an APIRoute with the same parameters.
+type, a body that does not parse or validate (the same 422, naming the field, from the same
+exception handler). The route's OpenAPI document is FastAPI's: the route is an APIRoute
+with the same parameters. A body's size is limited before either reads it
+(decider.api.body_limit, in the capped `receive` both read through).
+
+Public, long-standing APIs only: `APIRoute.get_route_handler` (FastAPI's documented way to
+customise a route), the route's `endpoint`, `path` and `dependencies`, the endpoint's
+signature read with `inspect`, and Starlette's `Request.body()`, which keeps the body it
+read for the usual handler to read again.
 """
 
 from __future__ import annotations
 
 import inspect
+import typing
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
-from starlette.middleware.body_limit import MAX_BODY_SIZE_SCOPE_KEY
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -30,32 +36,29 @@ from starlette.responses import Response
 class JSONBodyRoute(APIRoute):
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         usual = super().get_route_handler()
-        dependant, body_field = self.dependant, self.body_field
-        model = None if body_field is None else body_field.field_info.annotation
+        endpoint = self.endpoint
+        parameters = list(inspect.signature(endpoint).parameters.values())
+        model = (
+            typing.get_type_hints(endpoint).get(parameters[0].name)
+            if len(parameters) == 1
+            else None
+        )
         plain = (
-            inspect.iscoroutinefunction(self.endpoint)
+            inspect.iscoroutinefunction(endpoint)
             and isinstance(model, type)
             and issubclass(model, BaseModel)
-            and len(dependant.body_params) == 1
-            and not dependant.dependencies
-            and not (dependant.path_params or dependant.query_params)
-            and not (dependant.header_params or dependant.cookie_params)
-            and dependant.request_param_name is None
-            and dependant.background_tasks_param_name is None
-            and dependant.response_param_name is None
+            and parameters[0].default is inspect.Parameter.empty
+            and not self.dependencies
+            and "{" not in self.path
         )
         if not plain:
             raise TypeError(f"{self.path}: JSONBodyRoute takes one body model and nothing else")
         assert isinstance(model, type) and issubclass(model, BaseModel)
-        name = dependant.body_params[0].name
-        endpoint = self.endpoint
+        name = parameters[0].name
         validate = model.model_validate_json
 
         async def handler(request: Request) -> Response:
-            if (
-                request.headers.get("content-type") != "application/json"
-                or MAX_BODY_SIZE_SCOPE_KEY in request.scope
-            ):
+            if request.headers.get("content-type") != "application/json":
                 return await usual(request)
             try:
                 value = validate(await request.body())

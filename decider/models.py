@@ -1,6 +1,9 @@
 """The HTTP API's bodies (docs/decider.md): validated on the way in, described in /openapi.json.
 
-Shapes from the issue that introduced them; extend them, never change them.
+Shapes from the issue that introduced them; extend them, never change them. Strict types: a
+scheduler that sends `"gpus": "4"` or `true` has a bug that should be seen, not guessed
+around (a float field still takes a JSON integer). Ids, names and reasons keep to
+decider.names.
 """
 
 from __future__ import annotations
@@ -9,20 +12,22 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from decider.names import ClassName, NodeName, PathName, Reason
+
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
 
 
 class Replica(_Body):
     """A replica to place. `power_watts`, when given, is its draw: the operator's figure wins."""
 
-    model: str = Field(min_length=1, max_length=256)
-    profile: str = Field(min_length=1, max_length=256)
+    model: PathName
+    profile: PathName
     gpus: int = Field(ge=0, le=1024)
     cpu_cores: float | None = Field(None, gt=0, le=100_000)
     power_watts: float | None = Field(None, gt=0, le=10_000_000)
-    class_: str | None = Field(None, alias="class", max_length=64)
+    class_: ClassName | None = Field(None, alias="class")
 
 
 class ProfileOption(_Body):
@@ -30,7 +35,7 @@ class ProfileOption(_Body):
     with alternative profiles"). `gpus` may be left out for a profile the facility file
     declares; `power_watts`, when given, is its draw."""
 
-    profile: str = Field(min_length=1, max_length=256)
+    profile: PathName
     gpus: int | None = Field(None, ge=0, le=1024)
     cpu_cores: float | None = Field(None, gt=0, le=100_000)
     power_watts: float | None = Field(None, gt=0, le=10_000_000)
@@ -43,7 +48,9 @@ class PlacementRequest(_Body):
     model_config = ConfigDict(_Body.model_config, cache_strings=False)
 
     replica: Replica
-    candidates: list[str] = Field(max_length=100_000, description="node names, scheduler's order")
+    candidates: list[NodeName] = Field(
+        max_length=100_000, description="node names, scheduler's order"
+    )
     profiles: list[ProfileOption] | None = Field(
         None,
         max_length=16,
@@ -67,8 +74,6 @@ class PlacementRequest(_Body):
             seen: set[str] = set()
             twice = next(node for node in candidates if node in seen or seen.add(node))
             raise ValueError(f"node {twice!r} is listed more than once")
-        if "" in names:
-            raise ValueError("a candidate node name is empty")
         return candidates
 
 
@@ -123,20 +128,11 @@ class PlacementResponse(_Body):
 
 
 class ReservationRequest(_Body):
-    id: str = Field(min_length=1, max_length=256)
+    # Names joined by '/' (decider.names): no '.' or '..' segment, which HTTP clients drop
+    # from a URL, so that DELETE /v1/reservations/{id} reaches every id.
+    id: PathName
     replica: Replica
-    node: str = Field(min_length=1, max_length=256)
-
-    @field_validator("id")
-    @classmethod
-    def _addressable(cls, reservation_id: str) -> str:
-        # DELETE /v1/reservations/{id} must reach it: HTTP clients drop `.` and `..` segments.
-        if any(segment in (".", "..") for segment in reservation_id.split("/")):
-            raise ValueError(
-                f"{reservation_id!r} has a '.' or '..' path segment: no URL can name it "
-                "to confirm or delete it"
-            )
-        return reservation_id
+    node: NodeName
 
 
 class ReservationOut(_Body):
@@ -163,11 +159,4 @@ class Refusal(_Body):
 
 
 class HoldRequest(_Body):
-    reason: str = Field(min_length=1, max_length=1024)
-
-    @field_validator("reason")
-    @classmethod
-    def _printable(cls, reason: str) -> str:
-        if not reason.strip() or any(ord(char) < 32 or ord(char) == 127 for char in reason):
-            raise ValueError("a reason is one line of printable text")
-        return reason.strip()
+    reason: Reason

@@ -422,7 +422,7 @@ BAD_PLACEMENTS = [
     ),
     (
         {"replica": REPLICA, "candidates": ["b1", ""]},
-        "candidates: Value error, a candidate node name is empty",
+        "candidates.1: String should have at least 1 character",
     ),
     ({"replica": REPLICA, "candidates": "b1"}, "candidates: Input should be a valid list"),
     ({"replica": REPLICA, "candidates": [1]}, "candidates.0: Input should be a valid string"),
@@ -441,7 +441,7 @@ BAD_RESERVATIONS = [
     ({"id": "x", "replica": REPLICA, "node": ["b1"]}, "node: Input should be a valid string"),
     (
         {"id": "team/../x", "replica": REPLICA, "node": "b1"},
-        "id: Value error, 'team/../x' has a '.' or '..' path segment",
+        "id: Value error, 'team/../x' is not names joined by '/'",
     ),
 ]
 
@@ -500,7 +500,7 @@ def test_a_body_that_is_not_json_is_named(shared, path):
 def test_a_bad_hold_reason_and_unknown_names_are_refused(shared):
     for reason, problem in (
         ("", "reason: String should have at least 1 character"),
-        ("   ", "reason: Value error, a reason is one line of printable text"),
+        ("   ", "reason: Value error, a reason is 1-512 characters, not 0"),
         ("two\nlines", "reason: Value error, a reason is one line of printable text"),
     ):
         assert_names(shared.post("/v1/domains/rack/r2/hold", {"reason": reason}), problem)
@@ -733,8 +733,9 @@ def test_reservation_lifecycle(decider):
         assert metric_value(metrics, "llmgw_decider_refusals_total", **labels) == 1.0
 
 
-@pytest.mark.parametrize("rid", ["team-a/llama-0", "x/confirm", "a b?c#d", "100%", "é"])
-def test_any_reservation_id_can_be_confirmed_and_deleted(decider, rid):
+# Ids keep to decider/names.py (tests/faults/test_http_faults.py: the ones refused).
+@pytest.mark.parametrize("rid", ["team-a/llama-0", "x/confirm", "A:b_c.d-e/0"])
+def test_every_allowed_reservation_id_can_be_confirmed_and_deleted(decider, rid):
     assert decider.reserve(rid, "b1", SMALL).status_code == 201
     path = f"/v1/reservations/{quote(rid, safe='/')}"
     confirmed = decider.post(f"{path}/confirm")

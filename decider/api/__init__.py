@@ -4,17 +4,16 @@ One router per resource (placements, reservations, domains and holds, headroom, 
 power capping, shedding and failover, operations, reload), each built for the Service it
 answers from. Reads (placements, headroom, domains) are `async` and read the current View
 without a lock; writes run in the thread pool, because they wait for SQLite to reach the
-disk. Mutating calls need `Authorization: Bearer <token>`. Every bad body gets a 4xx naming
-the field.
+disk. Mutating calls need `Authorization: Bearer <token>`, checked before the body is read
+(decider.api.http.TokenFirstRoute); a body past its limit gets 413 before it is read whole
+(decider.api.body_limit). Every bad body gets a 4xx naming the field.
 """
 
 from __future__ import annotations
 
-from fastapi import FastAPI, HTTPException, Request
-from fastapi.exception_handlers import http_exception_handler
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from fastapi.routing import APIRoute
 
 from decider.api import (
     domains,
@@ -27,6 +26,7 @@ from decider.api import (
     reservations,
     shedding,
 )
+from decider.api.body_limit import BodyLimit
 from decider.api.http import RequireToken, problem
 from decider.giving_way import CountInFlight
 from decider.service import Service
@@ -43,17 +43,7 @@ def create_app(service: Service) -> FastAPI:
     require_token = RequireToken(service)
 
     @app.exception_handler(RequestValidationError)
-    async def _bad_request(request: Request, exc: RequestValidationError) -> Response:
-        # FastAPI parses the body before it runs the route's dependencies: a caller without
-        # the token learns nothing about its body, it gets the 401 (or 403) first.
-        route = request.scope.get("route")
-        if isinstance(route, APIRoute) and any(
-            isinstance(dependency.dependency, RequireToken) for dependency in route.dependencies
-        ):
-            try:
-                require_token(request.headers.get("authorization"))
-            except HTTPException as denied:
-                return await http_exception_handler(request, denied)
+    async def _bad_request(_request: Request, exc: RequestValidationError) -> Response:
         problems = [problem(error) for error in exc.errors()]
         return JSONResponse({"detail": "; ".join(problems), "problems": problems}, status_code=422)
 
@@ -74,6 +64,7 @@ def create_app(service: Service) -> FastAPI:
     ):
         app.include_router(router)
 
+    app.add_middleware(BodyLimit)
     # Counts the requests in flight, for the refresher to give way to (decider.giving_way).
     app.add_middleware(CountInFlight, in_flight=service.in_flight)
     return app

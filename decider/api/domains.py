@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
-from decider.api.http import RequireToken, json_response, known_domain
+from decider.api.http import RequireToken, TokenFirstRoute, json_response, known_domain
 from decider.domains_json import domain_json
 from decider.models import HoldRequest
 from decider.placement import phases
@@ -13,7 +13,8 @@ from decider.service import Service
 
 
 def router(service: Service, require_token: RequireToken) -> APIRouter:
-    routes = APIRouter()
+    # Every mutating call's token checked before its body is read.
+    routes = APIRouter(route_class=TokenFirstRoute)
     mutating = [Depends(require_token)]
 
     @routes.get("/v1/domains", summary="Every known domain: budget, load, condition, hold")

@@ -5,12 +5,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
-from decider.api.http import RequireToken, json_response
+from decider.api.http import RequireToken, TokenFirstRoute, json_response
 from decider.service import Service
 
 
 def router(service: Service, require_token: RequireToken) -> APIRouter:
-    routes = APIRouter()
+    # Every mutating call's token checked before its body is read.
+    routes = APIRouter(route_class=TokenFirstRoute)
 
     @routes.post(
         "/-/reload",

@@ -7,13 +7,14 @@ from collections import Counter
 from fastapi import APIRouter, Depends, HTTPException
 from fastapi.responses import Response
 
-from decider.api.http import RequireToken, json_response
+from decider.api.http import RequireToken, TokenFirstRoute, json_response
 from decider.models import Refusal, ReservationOut, ReservationRequest
 from decider.service import Service
 
 
 def router(service: Service, require_token: RequireToken) -> APIRouter:
-    routes = APIRouter()
+    # Every mutating call's token checked before its body is read.
+    routes = APIRouter(route_class=TokenFirstRoute)
     mutating = [Depends(require_token)]
 
     @routes.post(

@@ -45,14 +45,19 @@ order. The loop in Python cost twice as much, most of it waiting on memory
 
 A shape holds its View weakly (the View holds its shapes), so a View's garbage has no
 cycles and goes when the last reference does.
+
+Only the site's nodes are kept: a candidate not in the snapshot's membership (the last one
+read) is worked out for the answer that names it and dropped with it (`Shape.stranger`), so
+that every cache here is bounded by the site's size, not by the names callers send
+(issue 16: 25 placements of 100,000 made-up names held 590 MB until the next refresh).
 """
 
 from __future__ import annotations
 
 import math
 import weakref
-from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections import ChainMap, Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
@@ -483,12 +488,13 @@ class Shape:
         tally: Counter[str],
         order: list[str],
         notes: list[str],
+        strangers: Iterable[Entry] = (),
     ) -> str:
         """Decision.summary, which depends on the counts alone: worked out once per counts."""
         key = (judged, len(refused), tuple(tally.items()))
         found = self._summaries.get(key)
         if found is None:
-            allowed = [] if len(refused) == judged else [self.allowed_one(refused)]
+            allowed = [] if len(refused) == judged else [self.allowed_one(refused, strangers)]
             verdicts = [e.verdict for e in refused] + allowed * (judged - len(refused))
             found = Decision(self.view.mode, verdicts, order, notes, tally).summary()
             if len(self._summaries) >= SUMMARIES_KEPT:
@@ -496,16 +502,27 @@ class Shape:
             self._summaries[key] = found
         return found
 
-    def allowed_one(self, refused: list[Entry]) -> Verdict:
+    def allowed_one(self, refused: list[Entry], strangers: Iterable[Entry] = ()) -> Verdict:
         """Any verdict of a node not refused, to stand for them all in the summary's count."""
-        return next(e.verdict for e in self.entries.values() if not e.verdict.refusals)
+        return next(
+            e.verdict
+            for entries in (self.entries.values(), strangers)
+            for e in entries
+            if not e.verdict.refusals
+        )
 
     def _intern(self, states: tuple[DomainState, ...]) -> tuple[DomainState, ...]:
         return self._interned.setdefault(tuple(map(id, states)), states)
 
-    def _work_out(self, name: str) -> Entry:
+    def stranger(self, name: str) -> Entry:
+        """The entry of a node the site does not know, kept by nothing: neither its node
+        state (View.node would keep it) nor its coarse tuple nor the entry itself."""
+        return self._work_out(name, self.view._node_state(name), keep=False)
+
+    def _work_out(self, name: str, node: NodeState | None = None, keep: bool = True) -> Entry:
         view, replica = self.view, self.replica
-        node = view.node(name)
+        if node is None:
+            node = view.node(name)
         kind = (node.gpu_limit_watts, node.gpus)
         guess = self._estimates.get(kind)
         if guess is None:
@@ -542,7 +559,8 @@ class Shape:
                 coarse += (state,)
             if state.room is not None and (room is None or state.room < room):
                 room = state.room
-        self.coarse[name] = None if coarse is None else self._intern(coarse)
+        if keep:
+            self.coarse[name] = None if coarse is None else self._intern(coarse)
         return Entry(
             name=name,
             verdict=verdict,
@@ -654,16 +672,33 @@ def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
     cached = shape(view, replica)
     cached.idle = 0
     joined = cached.index().join(cached.entries.over, candidates)
+    strangers: dict[str, Entry] = {}
     while isinstance(joined, int):  # that candidate and the later ones the shape has not yet
-        cached.fill(candidates[joined:])
+        # The site's nodes filled into the cache; the others worked out for this answer
+        # alone, in a copy of the overlay (module docstring).
+        known = view.snapshot.membership
+        rest = candidates[joined:]
+        unfilled = [name for name in rest if name in known and name not in cached.entries]
+        if unfilled:
+            cached.fill(unfilled)
         # A new shape's entries all go into its overlay, which EntryIndex does not hold:
         # compacted once past its bound, the next placements read them from the index.
         cached.entries = cached.entries.bounded()
-        again = cached.index().join(cached.entries.over, candidates)
+        strangers.update(
+            (name, cached.stranger(name))
+            for name in rest
+            if name not in known and name not in strangers
+        )
+        over = cached.entries.over
+        again = cached.index().join(over | strangers if strangers else over, candidates)
         assert not isinstance(again, int) or again > joined, "fill made the entry"
         joined = again
     nodes, order, refused = joined
-    entries = cached.entries  # every candidate's entry is in it now
+    # Every candidate's entry is in it now.
+    entries: Mapping[str, Entry] = (
+        ChainMap(strangers, cached.entries) if strangers else cached.entries
+    )
+    noted = cached.noted or any(entry.noted for entry in strangers.values())
     if view.mode == "observe":
         order = list(candidates)
     elif not cached.packed:  # some key too large to pack: decide's tuples, the scheduler's last
@@ -675,8 +710,8 @@ def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
         keyed.sort()
         order = [candidates[index] for _, index in keyed]
     tally = Counter(rule for found in refused for rule in found.rules)
-    notes = missing(view, [entries[name].verdict for name in candidates] if cached.noted else [])
-    summary = cached.summary(len(candidates), refused, tally, order, notes)
+    notes = missing(view, [entries[name].verdict for name in candidates] if noted else [])
+    summary = cached.summary(len(candidates), refused, tally, order, notes, strangers.values())
     frame = to_json(
         {"mode": view.mode, "order": order, "nodes": [], "missing": notes, "summary": summary}
     )
