@@ -36,7 +36,8 @@ CONDITIONS = ("ok", "warm", "hot", "unknown")
 def _exposition(elapsed: float) -> bytes:
     lines = []
     for index in range(DOMAINS):
-        labels = f'kind="row",domain="d{index}"'
+        # racks: a rack's condition reads its inlet (a row's reads its racks and site signals)
+        labels = f'kind="rack",domain="d{index}"'
         phase = index * PERIOD_S / DOMAINS  # changes spread evenly over the period
         low, high = SWINGS[index % len(SWINGS)]
         inlet = high if (elapsed + phase) % PERIOD_S < PERIOD_S / 2 else low
