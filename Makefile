@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py decider/placement/_entry_index.c | sha1sum | cut -c1-12)
 
-.PHONY: run test lint pytest rules fake-nvml bench bench-rules bench-decider clean debian-packages mutation dashboards
+.PHONY: run test test-fast lint pytest pytest-fast rules fake-nvml bench bench-rules bench-decider clean debian-packages mutation dashboards
 
 # The main job: the demo (docs/simulation.md): a simulated site, a real Prometheus and
 # Alertmanager and the decider telling their story; Ctrl-C stops it.
@@ -12,6 +12,10 @@ run: $(STAMP) debian-packages
 	$(BIN)/llmgw-facility demo
 
 test: lint pytest rules
+
+# The same without the tests that start real servers or a browser (marked in tests/conftest.py):
+# about two minutes on 2 cores (docs/testing.md), for the edit-test loop; `make test` (CI) runs all.
+test-fast: lint pytest-fast rules
 
 $(STAMP): pyproject.toml setup.py decider/placement/_entry_index.c
 	PYTHON=$(PYTHON) scripts/debian-packages.sh py:ensurepip=python3-venv gcc=gcc include:Python.h=python3-dev
@@ -30,6 +34,9 @@ lint: $(STAMP)
 
 pytest: $(STAMP) debian-packages fake-nvml
 	$(BIN)/python -m pytest
+
+pytest-fast: $(STAMP) debian-packages fake-nvml
+	$(BIN)/python -m pytest -m "not servers and not browser"
 
 rules: debian-packages
 	@files=$$(find rules alerts -name '*.yml' | sort); \

@@ -7,6 +7,7 @@ import ctypes
 import json
 import os
 import pathlib
+import sys
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -114,3 +115,147 @@ def credentials(tmp_path: pathlib.Path) -> pathlib.Path:
     path.write_text(f"{USER}\n{PASSWORD}\n")
     path.chmod(0o600)
     return path
+
+
+# --- the fast tier: tests that start real servers or a browser ---------------------------------
+# `make test-fast` runs `-m "not servers and not browser"`; `make test` runs all. A test is
+# marked here by its file, by a fixture of its file that starts servers, or by its own name
+# when its body starts them. So that no test can be missed, the session watches every process
+# a test starts (the interpreter's subprocess.Popen audit event): a server or browser started
+# by a test without the marker fails that test, naming the marker and this table.
+
+#: Test file (relative to tests/) -> None: every test of the file; or the fixtures (of that
+#: file) and test names that start servers.
+SERVER_TESTS: dict[str, frozenset[str] | None] = {
+    "test_alerting_e2e.py": None,
+    "test_conditions_state_set.py": frozenset(
+        {"test_every_read_finds_each_domain_at_exactly_one_condition"}
+    ),
+    "test_dashboards.py": frozenset({"prometheus", "demo"}),
+    "test_decider_api.py": frozenset(
+        {"make", "decider", "shared", "test_a_bad_file_at_start_exits_2_naming_the_line"}
+    ),
+    "test_decider_benchmark_smoke.py": frozenset({"test_a_quick_run_end_to_end"}),
+    "test_decider_cli.py": frozenset({"site"}),
+    "test_decider_durability.py": None,
+    "test_decider_e2e.py": None,
+    "test_decider_prometheus.py": frozenset({"engines", "engine"}),
+    "test_demo.py": None,
+    "test_energy_victoriametrics.py": None,
+    "test_exporter_e2e.py": None,
+    "test_phases.py": frozenset({"service"}),
+    "test_power_capping.py": frozenset({"test_the_api_shows_the_recommendations"}),
+    "test_profiles.py": frozenset({"running"}),
+    "test_profiles_e2e.py": None,
+    "test_rules_benchmark_smoke.py": frozenset({"test_whole_run_at_eight_nodes"}),
+    "test_rules_render.py": frozenset(
+        {"test_vmalert_evaluates_the_rendered_rules_over_victoria_metrics"}
+    ),
+    "test_shedding.py": frozenset({"test_the_calls_metric_and_cli_on_a_real_decider"}),
+    "test_shedding_hot_query.py": frozenset(
+        {"test_victoria_metrics_reads_how_long_each_domain_is_hot"}
+    ),
+    "test_simulate.py": frozenset(
+        {
+            "test_the_simulate_command_serves_each_node_and_writes_the_target_file",
+            "test_the_simulate_command_refuses_a_bad_scenario",
+            "test_prometheus_scrapes_every_simulated_node_as_its_own_target",
+        }
+    ),
+    "test_status_page.py": None,
+}
+BROWSER_TESTS: dict[str, frozenset[str] | None] = {
+    "test_status_page.py": frozenset({"page"}),
+}
+#: The fault-injection suite runs against real processes (issue 16): all of it.
+SERVER_FOLDERS = ("faults/",)
+
+#: Programs that serve until stopped; chromium is the browser.
+SERVER_PROGRAMS = frozenset(
+    {
+        "prometheus",
+        "alertmanager",
+        "prometheus-alertmanager",
+        "victoria-metrics",
+        "victoria-metrics-prod",
+        "vmalert",
+        "vmalert-prod",
+        "llmgw-decider",
+        "llmgw-exporter",
+        "prometheus-node-exporter",
+    }
+)
+BROWSER_PROGRAMS = frozenset({"chromium", "chromium-browser"})
+SERVER_MODULES = frozenset({"decider.main", "exporter", "exporter.main"})
+ONE_SHOT_FLAGS = frozenset({"--once", "-dryRun"})
+SERVING_CLI_COMMANDS = frozenset({"demo", "simulate"})  # llmgw-facility's commands that serve
+
+TESTS = pathlib.Path(__file__).resolve().parent
+
+
+def _marked_by(table: dict[str, frozenset[str] | None], item: pytest.Item, path: str) -> bool:
+    if path not in table:
+        return False
+    names = table[path]
+    return names is None or bool(names & {*item.fixturenames, getattr(item, "originalname", "")})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = item.path.relative_to(TESTS).as_posix()
+        if _marked_by(SERVER_TESTS, item, path) or path.startswith(SERVER_FOLDERS):
+            item.add_marker(pytest.mark.servers)
+        if _marked_by(BROWSER_TESTS, item, path):
+            item.add_marker(pytest.mark.browser)
+
+
+def started_kind(argv: object) -> str | None:
+    """`servers` or `browser` when a process of this argv serves or browses, else None."""
+    if isinstance(argv, str | bytes | os.PathLike):
+        argv = [argv]
+    words = [os.fsdecode(word) for word in argv]  # type: ignore[union-attr]
+    if not words:
+        return None
+    program = os.path.basename(words[0])
+    # The exporter's one exposition and exit; vmalert's check of a rule file.
+    once = bool(ONE_SHOT_FLAGS & set(words))
+    if program in BROWSER_PROGRAMS:
+        return "browser"
+    if program in SERVER_PROGRAMS and not once:
+        return "servers"
+    module = words[words.index("-m") + 1] if "-m" in words[:-1] else None
+    if module in SERVER_MODULES and not once:
+        return "servers"
+    command = words[words.index(module) + 1 :] if module else words[1:]
+    if (module == "llmgw_facility.cli" or program == "llmgw-facility") and command:
+        return "servers" if command[0] in SERVING_CLI_COMMANDS else None
+    return None
+
+
+_running: list[pytest.Item] = []  # the test whose setup, call or teardown runs now
+
+
+def _watch_processes(event: str, args: tuple[Any, ...]) -> None:
+    if event != "subprocess.Popen" or not _running:
+        return
+    item, kind = _running[-1], started_kind(args[1])
+    if kind is not None and item.get_closest_marker(kind) is None:
+        raise RuntimeError(
+            f"{item.nodeid} starts {args[1]!r} but is not marked `{kind}`: add its file, "
+            "fixture or name to tests/conftest.py's table, so that `make test-fast` leaves it out"
+        )
+
+
+sys.addaudithook(_watch_processes)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    _running.append(item)
+    try:
+        return (yield)
+    finally:
+        _running.pop()
+
+
+# --- end fast tier -----------------------------------------------------------------------------
