@@ -9,10 +9,16 @@ import os
 import pathlib
 import sys
 import tempfile
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:  # the decider's modules load only for the tests that build sites
+    from decider.facility import Facility
+    from decider.snapshot import Snapshot
+    from decider.store import Reservation
+    from tests.placement_helpers import Site
 
 NVML_FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "nvml"
 
@@ -115,6 +121,32 @@ def credentials(tmp_path: pathlib.Path) -> pathlib.Path:
     path.write_text(f"{USER}\n{PASSWORD}\n")
     path.chmod(0o600)
     return path
+
+
+# --- placement sites (tests/placement_helpers.py) ----------------------------------------------
+@pytest.fixture
+def make_site(tmp_path: pathlib.Path) -> Iterator[Any]:
+    """Builds a placement_helpers.Site per call, each with its own store, closed at the end."""
+    from tests.placement_helpers import Site
+
+    sites: list[Site] = []
+
+    def make(
+        facility: Facility,
+        snapshot: Snapshot | None = None,
+        *,
+        reservations: Iterable[Reservation] = (),
+        holds: Mapping[str, str] | None = None,
+    ) -> Site:
+        site = Site(
+            tmp_path / f"decider-{len(sites)}.db", facility, snapshot, reservations, holds or {}
+        )
+        sites.append(site)
+        return site
+
+    yield make
+    for site in sites:
+        site.store.close()
 
 
 # --- the fast tier: tests that start real servers or a browser ---------------------------------

@@ -2,34 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from decider import facility as facility_file
-from decider.facility import BUILTIN_THRESHOLDS, Domain, DomainRef, Facility, Feed
-from llmgw_common.yamlfile import ConfigError
-
-EXAMPLE = Path(__file__).parent.parent / "examples" / "facility.yaml"
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "facility.yaml"
-    path.write_text(text)
-    return path
-
-
-def load(tmp_path: Path, text: str) -> Facility:
-    return facility_file.load(write(tmp_path, text))
-
-
-def refusal(tmp_path: Path, text: str) -> str:
-    with pytest.raises(ConfigError) as caught:
-        load(tmp_path, text)
-    return str(caught.value)
-
+from decider.facility import BUILTIN_THRESHOLDS, Domain, DomainRef, Feed
+from tests.facility_helpers import EXAMPLE, load, refusal
 
 # --- the example and the defaults ---------------------------------------------------------------
 

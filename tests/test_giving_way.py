@@ -16,8 +16,15 @@ from decider.models import ReservationRequest
 from decider.placement import answers
 from decider.state import State
 from decider.store import Store
-from tests.test_placement import NOW, STALENESS
-from tests.test_placement_answers import CANDIDATES, SHAPES, assert_as_decide, facility, readings
+from tests.placement_helpers import (
+    CANDIDATES,
+    NOW,
+    SHAPES,
+    STALENESS,
+    assert_as_decide,
+    facility,
+    readings,
+)
 
 
 def pausing(pause: Callable[[], None]) -> threading.Thread:

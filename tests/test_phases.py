@@ -42,21 +42,18 @@ from decider.state import State
 from decider.store import Store
 from llmgw_facility.cli import main
 from tests.decider_harness import Decider, FakePrometheus, Readings, metric_value
-from tests.test_facility import refusal
-from tests.test_placement import (
+from tests.facility_helpers import refusal
+from tests.placement_helpers import (
+    NO_GC,
     NOW,
     Site,
     make_facility,
-    make_site,
     make_snapshot,
     ref,
     replica,
     stored,
 )
-from tests.test_placement_properties import NO_GC
-from tests.test_placement_properties import scratch as from_scratch
-
-__all__ = ["make_site"]  # the fixture, used by name
+from tests.placement_helpers import scratch as from_scratch
 
 PHASED_DOMAINS: dict[str, Any] = {
     "rack/r1": {"cap_watts": 30_000},
@@ -370,7 +367,7 @@ def test_phases_in_the_wrong_place_are_refused_with_their_lines(tmp_path: Path) 
 
 def test_the_example_file_has_phases() -> None:
     from decider import facility as facility_file
-    from tests.test_facility import EXAMPLE
+    from tests.facility_helpers import EXAMPLE
 
     facility = facility_file.load(EXAMPLE)
     pdu = facility.domain("pdu", "r12-07-a")

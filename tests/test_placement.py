@@ -10,21 +10,16 @@ asserted here, not only its gist.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from decider.config import Staleness
 from decider.facility import DomainRef, Facility
-from decider.models import Replica, ReservationRequest
+from decider.models import Replica
 from decider.placement import (
     ORDER_KEYS,
     RULES,
-    Decision,
     condition,
-    decide,
     held,
     hot,
     over_cap,
@@ -35,154 +30,20 @@ from decider.placement import (
 from decider.placement.capacity import UNBOUNDED, Fit, fits, replica_of
 from decider.placement.estimate import Estimate, estimate
 from decider.placement.view import CONDITION_RANK, DomainState, NodeState, View
-from decider.snapshot import PARTS, Part, Snapshot
-from decider.state import ReserveOutcome, State
-from decider.store import Hold, Reservation, Store
-
-NOW = 1_700_000_000.0
-STALENESS = Staleness(readings=120.0, inventory=3600.0)
-
+from decider.snapshot import PARTS, Snapshot
+from decider.store import Hold
+from tests.placement_helpers import (
+    NOW,
+    STALENESS,
+    Site,
+    make_facility,
+    make_snapshot,
+    ref,
+    replica,
+    stored,
+)
 
 # --- building sites ---------------------------------------------------------------------------
-
-
-def ref(key: str) -> DomainRef:
-    return DomainRef.parse(key)
-
-
-def make_facility(
-    domains: Mapping[str, Any] | None = None, *, mode: str = "enforce", **more: Any
-) -> Facility:
-    return Facility.model_validate({"mode": mode, "domains": dict(domains or {}), **more})
-
-
-def make_snapshot(
-    membership: Mapping[str, Iterable[str]] | None = None,
-    *,
-    measured: Mapping[str, float] | None = None,
-    conditions: Mapping[str, str] | None = None,
-    ages: Mapping[str, float] | None = None,
-    gpus: Mapping[str, int] | None = None,
-    limits: Mapping[str, float] | None = None,
-    read_at: Mapping[str, float | None] | None = None,
-    errors: Mapping[str, str] | None = None,
-    inventory: Iterable[str] = (),
-) -> Snapshot:
-    """A snapshot whose parts were all read at NOW, unless `read_at` says otherwise; its
-    known domains are the members' and `inventory`."""
-    nodes = {
-        node: tuple(sorted(ref(key) for key in keys)) for node, keys in (membership or {}).items()
-    }
-    times = {name: NOW for name in PARTS} | dict(read_at or {})
-    return Snapshot(
-        membership=nodes,
-        domains=frozenset(r for refs in nodes.values() for r in refs)
-        | {ref(key) for key in inventory},
-        measured_watts={ref(k): v for k, v in (measured or {}).items()},
-        conditions={ref(k): v for k, v in (conditions or {}).items()},  # type: ignore[misc]
-        reading_ages={ref(k): v for k, v in (ages or {}).items()},
-        node_gpus=dict(gpus or {}),
-        gpu_limit_watts=dict(limits or {}),
-        parts={name: Part(times[name], (errors or {}).get(name)) for name in PARTS},
-        prometheus_up=True,
-    )
-
-
-def replica(
-    gpus: int = 1,
-    power_watts: float | None = None,
-    *,
-    model: str = "llama",
-    profile: str = "unlisted",
-    cpu_cores: float | None = None,
-) -> Replica:
-    return Replica(
-        model=model, profile=profile, gpus=gpus, power_watts=power_watts, cpu_cores=cpu_cores
-    )
-
-
-def stored(
-    rid: str,
-    node: str,
-    watts: float,
-    domains: Iterable[str],
-    *,
-    model: str = "llama",
-    gpus: int = 1,
-) -> Reservation:
-    """A reservation as the store keeps it (for a site that starts with reservations)."""
-    return Reservation(
-        id=rid,
-        node=node,
-        replica={"model": model, "profile": "unlisted", "gpus": gpus},
-        estimate_watts=watts,
-        gpus=gpus,
-        domains=tuple(ref(key) for key in domains),
-        created_at=NOW - 10,
-        expires_at=None,
-        confirmed_at=NOW - 5,
-    )
-
-
-class Site:
-    """A State over a Store, with a clock the test moves."""
-
-    def __init__(
-        self,
-        path: Path,
-        facility: Facility,
-        snapshot: Snapshot | None,
-        reservations: Iterable[Reservation],
-        holds: Mapping[str, str],
-    ) -> None:
-        self.now = NOW
-        self.store = Store(path)
-        for reservation in reservations:
-            assert self.store.add(reservation)
-        for key, reason in holds.items():
-            self.store.hold(Hold(ref(key), reason, NOW - 60))
-        self.state = State(facility, self.store, 300.0, STALENESS, clock=lambda: self.now)
-        if snapshot is not None:
-            self.state.set_snapshot(snapshot)
-        self.ids = 0
-
-    def view(self) -> View:
-        return self.state.view()
-
-    def decide(self, rep: Replica, candidates: list[str]) -> Decision:
-        return decide(self.view(), rep, candidates)
-
-    def answer(self, rep: Replica, candidates: list[str]) -> dict[str, Any]:
-        return self.decide(rep, candidates).as_json()
-
-    def reserve(self, node: str, rep: Replica) -> ReserveOutcome:
-        self.ids += 1
-        return self.state.reserve(ReservationRequest(id=f"res-{self.ids}", replica=rep, node=node))
-
-    def node_json(self, rep: Replica, node: str) -> dict[str, Any]:
-        return self.answer(rep, [node])["nodes"][0]
-
-
-@pytest.fixture
-def make_site(tmp_path: Path) -> Iterator[Any]:
-    sites: list[Site] = []
-
-    def make(
-        facility: Facility,
-        snapshot: Snapshot | None = None,
-        *,
-        reservations: Iterable[Reservation] = (),
-        holds: Mapping[str, str] | None = None,
-    ) -> Site:
-        site = Site(
-            tmp_path / f"decider-{len(sites)}.db", facility, snapshot, reservations, holds or {}
-        )
-        sites.append(site)
-        return site
-
-    yield make
-    for site in sites:
-        site.store.close()
 
 
 def notes(answer: dict[str, Any], start: str) -> list[str]:

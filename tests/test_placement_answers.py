@@ -17,7 +17,6 @@ membership is unknown.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import tempfile
 import weakref
@@ -28,75 +27,25 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic_core import to_json
 
 from decider.facility import DomainRef
-from decider.models import Replica
 from decider.placement import answers, decide
 from decider.placement.entry_index import EntryIndexInPython
 from decider.placement.view import View
-from tests.test_placement import NOW, Site, make_facility, make_snapshot, replica
-
-RACKS = {"r1": "1", "r2": "1", "r3": "2", "r4": "2", "r5": "2"}
-NODES = {f"{rack}-{n}": rack for rack in RACKS for n in range(1, 4)}
-MEMBERSHIP = {
-    node: [f"rack/{rack}", f"pdu/{rack}-a", f"row/{RACKS[rack]}", "room/a", "site/s"]
-    for node, rack in NODES.items()
-}
-CANDIDATES = [*NODES, "ghost"]  # ghost: no membership
-DOMAINS: dict[str, Any] = {
-    "rack/r1": {"cap_watts": 20_000, "other_watts": 500},
-    "rack/r2": {"cap_watts": 20_000},
-    "rack/r3": {"cap_watts": 20_000},
-    "rack/r4": {"cap_watts": 5_000},
-    "rack/r5": {"cap_watts": 20_000},
-    "pdu/r1-a": {
-        "cap_watts": 18_000,
-        "phases": {
-            "L1": {"rating_watts": 6_000},
-            "L2": {"rating_watts": 6_000},
-            "L3": {"rating_watts": 6_000},
-        },
-    },
-    "pdu/r3-a": {"cap_watts": 15_000},
-    "row/1": {"cap_watts": 15_000},  # binds before racks r1 and r2 do
-    "room/a": {"cap_watts": 60_000},
-    "site/s": {"cap_watts": 70_000},
-}
-PHASE_NODES = {"r1-1": {"phases": {"r1-a": "L1"}}, "r1-2": {"phases": {"r1-a": "L2"}}}
-SHAPES = [
-    replica(2),
-    replica(4, model="mistral"),
-    replica(1, power_watts=2_500.0),
-    replica(8, model="mistral", profile="big"),
-]
-
-
-def readings(scale: float = 1.0, **watts: float) -> Any:
-    """The site's readings, measured power scaled; `watts`: domains' measured power instead
-    (rack_r1=…)."""
-    measured = {
-        "rack/r1": 6_000.0 * scale,
-        "rack/r2": 4_000.0 * scale,
-        "rack/r3": 9_000.0 * scale,
-        "rack/r4": 6_000.0,  # over its cap whatever the scale
-        "rack/r5": 3_000.0 * scale,
-        "pdu/r1-a": 5_000.0 * scale,
-        "row/1": 10_000.0 * scale,
-        "room/a": 25_000.0 * scale,
-        "site/s": 25_000.0 * scale,
-    } | {key.replace("_", "/", 1): value for key, value in watts.items()}
-    conditions = {f"rack/{rack}": "ok" for rack in RACKS} | {"rack/r3": "hot", "rack/r5": "warm"}
-    limits = {node: 700.0 for node in NODES if node != "r3-2"}  # r3-2: limit unknown
-    gpus = {node: 8 for node in NODES if node != "r4-1"}  # r4-1: GPU count unknown
-    return make_snapshot(
-        MEMBERSHIP,
-        measured=measured,
-        conditions=conditions,
-        ages=dict.fromkeys(conditions, 5.0),
-        gpus=gpus,
-        limits=limits,
-    )
+from tests.placement_helpers import (
+    CANDIDATES,
+    DOMAINS,
+    NODES,
+    NOW,
+    PHASE_NODES,
+    SHAPES,
+    Site,
+    assert_as_decide,
+    facility,
+    make_facility,
+    readings,
+    replica,
+)
 
 
 @pytest.fixture(autouse=True, params=["c", "python"])
@@ -106,39 +55,6 @@ def joined_through(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     if request.param == "python":
         monkeypatch.setattr(answers, "EntryIndex", EntryIndexInPython)
     return str(request.param)
-
-
-def facility(mode: str = "enforce", **more: Any) -> Any:
-    return make_facility(
-        DOMAINS,
-        mode=mode,
-        nodes=PHASE_NODES,
-        node_share_watts=400,
-        profiles={"big": {"gpus": 8, "power_watts": 6_000}},
-        **more,
-    )
-
-
-def assert_as_decide(view: View, rep: Replica, candidates: list[str]) -> answers.Answer:
-    """The cached answer is the fresh one, in every part the endpoint uses: `decide`'s on
-    this View, and on a View of the same state that works out every figure anew (this View
-    may have taken its figures over from the View before, View.settle)."""
-    decision = decide(view, rep, candidates)
-    got = answers.place(view, rep, candidates)
-    assert got.body == to_json(decision.as_json())
-    anew = dataclasses.replace(view)
-    assert got.body == to_json(decide(anew, rep, candidates).as_json())
-    assert got.order == decision.order
-    assert got.summary == decision.summary()
-    assert got.refusals_by_rule == decision.refusals_by_rule
-    assert got.judged == len(decision.verdicts)
-    assert got.refused == sum(1 for verdict in decision.verdicts if verdict.refusals)
-    assert got.refusals == [
-        (verdict.node.node, reason)
-        for verdict in decision.verdicts
-        for _, reason in verdict.refusals
-    ]
-    return got
 
 
 def new_site(path: Path, mode: str = "enforce") -> Site:

@@ -47,7 +47,6 @@ import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
@@ -64,6 +63,7 @@ from decider.placement.view import View
 from decider.snapshot import INVENTORY_PARTS, PARTS, Part, Snapshot
 from decider.state import State
 from decider.store import Hold, Reservation, Store
+from tests.placement_helpers import NO_GC, scratch
 
 NOW = 1_700_000_000.0
 STALENESS = Staleness(readings=120.0, inventory=3600.0)
@@ -239,19 +239,6 @@ def candidate_lists(draw: DrawFn, nodes: list[str]) -> list[str]:
     return draw(
         st.permutations(pool).flatmap(lambda p: st.integers(0, len(p)).map(lambda k: p[:k]))
     )
-
-
-#: State.set_snapshot's garbage-collector housekeeping (a full collection, for the
-#: refresher's thread) costs tens of milliseconds in a test process, every example; it is no
-#: part of the rules, so the examples skip it.
-NO_GC = SimpleNamespace(
-    collect=lambda: 0,
-    freeze=lambda: None,
-    unfreeze=lambda: None,
-    isenabled=lambda: False,
-    disable=lambda: None,
-    enable=lambda: None,
-)
 
 
 @contextmanager
@@ -585,19 +572,6 @@ def apply(state: State, change: Change, step: int) -> None:
         state.hold(change[1], "maintenance")
     else:
         state.release_hold(change[1])
-
-
-def scratch(view: View) -> View:
-    """The same state, every figure worked out anew."""
-    return View(
-        facility=view.facility,
-        snapshot=view.snapshot,
-        now=view.now,
-        fresh=view.fresh,
-        missing=view.missing,
-        reservations=view.reservations,
-        holds=view.holds,
-    )
 
 
 def warm(view: View, nodes: list[str], how: str) -> None:

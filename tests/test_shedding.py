@@ -34,7 +34,7 @@ from decider.state import State
 from decider.store import Reservation, Store
 from llmgw_common.yamlfile import ConfigError
 from tests.decider_harness import Decider, FakePrometheus, Readings, metric_value
-from tests.test_placement_properties import NO_GC
+from tests.placement_helpers import NO_GC
 
 NOW = 1_700_000_000.0
 STALENESS = Staleness(readings=120.0, inventory=3600.0)
