@@ -172,7 +172,9 @@ SERVER_TESTS: dict[str, frozenset[str] | None] = {
     "test_decider_durability.py": None,
     "test_decider_e2e.py": None,
     "test_decider_prometheus.py": frozenset({"engines", "engine"}),
-    "test_demo.py": None,
+    "test_demo.py": frozenset(
+        {"test_the_demo_tells_its_story_once", "test_ctrl_c_stops_the_demo_and_every_server"}
+    ),
     "test_energy_victoriametrics.py": None,
     "test_exporter_e2e.py": None,
     "test_phases.py": frozenset({"service"}),

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_demo import DEMO_TIMEOUT_S, REPO, _finish, _urls
+from tests.demo_helpers import DEMO_TIMEOUT_S, REPO, _finish, _urls
 
 
 @dataclass

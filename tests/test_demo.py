@@ -22,11 +22,7 @@ from decider.promql import tokens
 from llmgw_sim import scenario as scenario_file
 from llmgw_sim.demo import main as demo
 from llmgw_sim.demo.scale import duration_seconds, scale_duration, scale_expr, scale_rules
-
-REPO = Path(__file__).resolve().parents[1]
-#: The demo's own bound is a few minutes of wall time on a small shared machine.
-DEMO_TIMEOUT_S = 300
-
+from tests.demo_helpers import DEMO_TIMEOUT_S, REPO, _finish, _urls
 
 # --- scaling durations ------------------------------------------------------------------------
 
@@ -195,21 +191,6 @@ def _demo(args: list[str], log: Path) -> subprocess.Popen[bytes]:
             start_new_session=True,  # on a timeout, its whole process group is killed
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-
-
-def _finish(process: subprocess.Popen[bytes], log: Path, timeout_s: float) -> int:
-    try:
-        return process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        pytest.fail(f"the demo did not finish in {timeout_s:.0f} s; its output:\n{log.read_text()}")
-
-
-def _urls(text: str) -> dict[str, str]:
-    return dict(
-        re.findall(r"^\s+(simulator|Alertmanager|Prometheus|decider)\s+(http://\S+)$", text, re.M)
-    )
 
 
 def _all_down(urls: dict[str, str]) -> None:
