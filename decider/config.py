@@ -103,7 +103,7 @@ class PrometheusSettings(_Model):
 
     url: str = "http://127.0.0.1:9090"
     timeout: Duration = 2.0
-    retries: int = Field(1, ge=0, le=5)
+    retries: int = Field(1, ge=0, le=5, strict=True)  # "1" or true is a typo, not 1
     basic_auth: BasicAuthSettings | None = None
     authorization: AuthorizationSettings | None = None
     tls_config: TLSSettings | None = None

@@ -79,9 +79,10 @@ class AgentConfig(BaseModel):
 
     node: str = Field(default_factory=socket.gethostname, min_length=1)
     labels: Labels = Labels()
-    overhead_watts: float | None = Field(None, ge=0)
+    # Strict: a quoted "250" or `true` is a typo to refuse, not a number to guess.
+    overhead_watts: float | None = Field(None, ge=0, le=100_000, strict=True)
     #: Whether the node's BMC (ipmi, redfish) or hwmon meter reading includes the GPUs.
-    bmc_includes_gpus: bool | None = None
+    bmc_includes_gpus: bool | None = Field(None, strict=True)
     listen: str = f":{DEFAULT_PORT}"
     sources: Sources = Sources()  # type: ignore[valid-type]
 

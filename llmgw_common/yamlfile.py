@@ -244,7 +244,10 @@ def _problem(error: Any, lines: dict[Location, int]) -> tuple[int, str]:
         "int_type",
         "bool_type",
     ):
-        message += f"; {error['input']!r} is quoted text: write it without quotes"
+        message += (
+            f"; {error['input']!r} is text here: write the number without quotes (YAML reads "
+            "1e3 as text: write 1000 or 1.0e+3)"
+        )
     return _line_of(loc, lines), f"{field}: {message}"
 
 
