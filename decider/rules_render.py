@@ -43,6 +43,7 @@ import yaml
 
 from decider import promql
 from decider.facility import THRESHOLD_LABELS, Facility, Signal
+from llmgw_common.yamlfile import load_text
 
 GROUP = "llmgw-site.rules"
 INTERVAL = "30s"
@@ -275,7 +276,7 @@ def render(facility: Facility, source: str = "facility.yaml") -> str:
         "groups": [{"name": GROUP, "interval": INTERVAL, "rules": [r.as_yaml() for r in rules]}]
     }
     try:
-        read_back = yaml.safe_load(text)
+        read_back = load_text(text)
     except yaml.YAMLError as exc:
         raise RenderError(f"the rendered rules are not YAML: {exc}") from exc
     if read_back != expected:

@@ -251,6 +251,16 @@ def _problem(error: Any, lines: dict[Location, int]) -> tuple[int, str]:
     return _line_of(loc, lines), f"{field}: {message}"
 
 
+def load_text(text: str) -> Any:
+    """Plain Python from YAML that is no settings file (rules the project writes and reads
+    back), within the same bounds as `load_model`; raises yaml.YAMLError past one."""
+    loader = BoundedLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def load_model(path: Path, model: type[Model]) -> Model:
     """Parse and validate `path` as `model`; raise ConfigError naming every problem."""
     try:

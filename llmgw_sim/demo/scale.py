@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from decider.promql import Token, format_duration, tokens
+from llmgw_common.yamlfile import load_text
 
 _UNIT_SECONDS = {
     "ms": 0.001,
@@ -188,7 +189,7 @@ def scale_rules(text: str, factor: float, *, source: str = "") -> str:
     """A rule file's text with every duration divided by `factor` (see the module)."""
     if factor <= 0:
         raise ValueError("the factor must be more than zero")
-    scaled = scale_groups(yaml.safe_load(text) or {}, factor)
+    scaled = scale_groups(load_text(text) or {}, factor)
     head = (
         f"# {source} with every duration divided by {factor:g} (llmgw-facility demo)\n"
         if source
