@@ -37,6 +37,7 @@ import threading
 import time
 import weakref
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlencode, urlparse
@@ -242,7 +243,7 @@ class PrometheusReader:
         deadline = time.monotonic() + self.budget_s
         try:
             body = self._get(promql, deadline)
-            return _result(body)
+            return _result(body, self._scrub)
         except QueryError as exc:
             raise QueryError(self._scrub(str(exc))) from None
         except Exception as exc:  # any failure of the server or of this code is one outcome
@@ -279,9 +280,10 @@ class PrometheusReader:
             if status == 200:
                 return body
             if status in RETRY_ON_STATUS:
-                last = f"HTTP error from {self.url} on all {shown} (HTTP {status}{_quote(body)})"
+                quoted = self._quote(body)
+                last = f"HTTP error from {self.url} on all {shown} (HTTP {status}{quoted})"
                 continue
-            raise QueryError(f"{self.url} answered HTTP {status}{_quote(body)}")
+            raise QueryError(f"{self.url} answered HTTP {status}{self._quote(body)}")
         if time.monotonic() >= deadline or not last:
             raise QueryError(
                 f"no complete answer from {self.url} within {self.budget_s:g}s, the query's "
@@ -371,6 +373,11 @@ class PrometheusReader:
             return f"{self._authorization.type} {credentials}"
         return None
 
+    def _quote(self, body: bytes) -> str:
+        """An error body as a message quotes it, scrubbed before it is cut short (a secret cut
+        in two would no longer be found)."""
+        return _quote(self._scrub(body.decode("utf-8", "replace")))
+
     def _remember(self, *secrets: str) -> None:
         with self._secrets_lock:
             self._secrets = self._secrets | {secret for secret in secrets if secret}
@@ -430,7 +437,7 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def _quote(body: bytes) -> str:
+def _quote(body: str) -> str:
     """An error body as a message quotes it: Prometheus' `errorType: error`, else its text."""
     try:
         answer = json.loads(body)
@@ -439,15 +446,16 @@ def _quote(body: bytes) -> str:
     if isinstance(answer, dict) and isinstance(answer.get("error"), str):
         text = f"{answer.get('errorType', 'error')}: {answer['error']}"
     else:
-        text = body.decode("utf-8", "replace")
+        text = body
     text = " ".join(text.split())
     if not text:
         return ""
     return ": " + (text if len(text) <= MAX_BODY_QUOTE else text[: MAX_BODY_QUOTE - 1] + "…")
 
 
-def _result(body: bytes) -> list[Any]:
-    """`data.result` of a Prometheus answer; raises QueryError for anything else."""
+def _result(body: bytes, scrub: Callable[[str], str]) -> list[Any]:
+    """`data.result` of a Prometheus answer; raises QueryError for anything else, quoting
+    the answer's start, `scrub`bed of secrets first."""
     try:
         answer = json.loads(body)
     except ValueError as exc:
@@ -458,6 +466,7 @@ def _result(body: bytes) -> list[Any]:
         or not isinstance(answer.get("data"), dict)
         or "result" not in answer["data"]
     ):
-        shown = " ".join(body[:MAX_BODY_QUOTE].decode("utf-8", "replace").split())
+        shown = " ".join(scrub(body[: MAX_BODY_QUOTE * 4].decode("utf-8", "replace")).split())
+        shown = shown if len(shown) <= MAX_BODY_QUOTE else shown[: MAX_BODY_QUOTE - 1] + "…"
         raise QueryError(f"the answer is not a Prometheus query response: {shown}")
     return cast(list[Any], answer["data"]["result"])

@@ -7,7 +7,11 @@
   domains have been hot. A test changes the readings at any time, and can switch the whole
   server, or one part's query, to misbehave: `down` (nothing listens on the port), `slow`
   (answers after `slow_s`), `garbage` (200 with a body that is not JSON), `error` (HTTP 500),
-  `held` (no answer until `release()`).
+  `held` (no answer until `release()`), `trickle` (200 and its headers at once, then one
+  byte of the body every `trickle_s`, never the whole of it). `extra_series` adds raw series
+  (a value such as "NaN") to a part's answer; `require_authorization` answers 401 to any
+  other Authorization header, and `tls` serves HTTPS. Its error answers quote the
+  Authorization header they were sent, as a careless proxy might: a test of redaction.
 - `Decider` writes decider.yaml, facility.yaml and a token file into a directory, starts
   `python -m decider.main --config decider.yaml` as a subprocess on a free port, waits for
   `/healthz` (and, on request, for a snapshot matching a predicate), and stops it: SIGTERM,
@@ -23,6 +27,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -60,7 +65,7 @@ SERIES: dict[str, str] = {
     "hot": "llmgw_domain_condition{condition='hot'} != 1)",  # its subquery's first
 }
 
-BEHAVIOURS = ("ok", "down", "slow", "garbage", "error", "held")
+BEHAVIOURS = ("ok", "down", "slow", "garbage", "error", "held", "trickle")
 
 
 def poll(
@@ -131,6 +136,12 @@ class Readings:
         raise AssertionError(f"no part {part!r}")
 
 
+class _Server(ThreadingHTTPServer):
+    #: Room for every query of a refresh connecting at once (socketserver's default is 5;
+    #: Prometheus, a Go server, listens with the system's maximum).
+    request_queue_size = 128
+
+
 class FakePrometheus:
     """`/api/v1/query` on 127.0.0.1, answering from `readings` as `behaviour` says.
 
@@ -138,11 +149,19 @@ class FakePrometheus:
     listening socket (connections are refused); `up()` listens again on the same port.
     """
 
-    def __init__(self, readings: Readings | None = None) -> None:
+    def __init__(
+        self, readings: Readings | None = None, *, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.readings = readings or Readings()
         self.behaviour = "ok"
         self.part_behaviour: dict[str, str] = {}
         self.slow_s = 5.0
+        self.trickle_s = 1.5
+        #: part → raw series added to its answer: (labels, value as Prometheus writes it).
+        self.extra_series: dict[str, list[tuple[dict[str, str], str]]] = {}
+        #: The Authorization header every query must carry; None: none asked for.
+        self.require_authorization: str | None = None
+        self._tls = tls
         self.queries = 0
         #: Queries being held back now (`slow`, `held`).
         self.waiting = 0
@@ -154,7 +173,7 @@ class FakePrometheus:
         self._thread: threading.Thread | None = None
         self.port = 0
         self._listen()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls is not None else 'http'}://127.0.0.1:{self.port}"
 
     # --- control ----------------------------------------------------------------------------
 
@@ -247,8 +266,10 @@ class FakePrometheus:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        server = _Server(("127.0.0.1", port), Handler)
         server.daemon_threads = True
+        if self._tls is not None:  # each handshake on accept; a failed one drops that client
+            server.socket = self._tls.wrap_socket(server.socket, server_side=True)
         self._server = server
         self.port = int(server.server_address[1])
         self._thread = threading.Thread(
@@ -270,6 +291,11 @@ class FakePrometheus:
             body = {"status": "error", "errorType": "bad_data", "error": f"unknown: {query}"}
             handler._send(400, json.dumps(body).encode(), "application/json")
             return
+        sent = handler.headers.get("Authorization")
+        if self.require_authorization is not None and sent != self.require_authorization:
+            body = {"status": "error", "errorType": "auth", "error": f"not allowed: {sent}"}
+            handler._send(401, json.dumps(body).encode(), "application/json")
+            return
         behaviour = self.part_behaviour.get(part, self.behaviour)
         if behaviour in ("slow", "held"):
             with self._lock:
@@ -288,15 +314,29 @@ class FakePrometheus:
             handler._send(200, b"<html>this is not Prometheus</html>", "text/html")
             return
         if behaviour == "error":
-            body = {"status": "error", "errorType": "internal", "error": "the TSDB is on fire"}
+            error = f"the TSDB is on fire (Authorization: {sent})"
+            body = {"status": "error", "errorType": "internal", "error": error}
             handler._send(500, json.dumps(body).encode(), "application/json")
             return
-        result = [
-            {"metric": labels, "value": [time.time(), value]}
-            for labels, value in self.readings.series(part)
-        ]
+        if behaviour == "trickle":
+            self._trickle(handler)
+            return
+        series = [*self.readings.series(part), *self.extra_series.get(part, [])]
+        result = [{"metric": labels, "value": [time.time(), value]} for labels, value in series]
         body = {"status": "success", "data": {"resultType": "vector", "result": result}}
         handler._send(200, json.dumps(body).encode(), "application/json")
+
+    def _trickle(self, handler: Any) -> None:
+        """A 200 and its headers at once, then a byte every `trickle_s` until the client
+        hangs up or the fake closes: an answer that never completes, never times out."""
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", "1000000")
+        handler.end_headers()
+        handler.wfile.flush()
+        while not self._closed.wait(self.trickle_s):
+            handler.wfile.write(b" ")  # OSError once the client closed: the handler ends
+            handler.wfile.flush()
 
 
 # --- the decider ---------------------------------------------------------------------------
@@ -314,9 +354,13 @@ def decider_yaml(
     readings: str = "1m",
     inventory: str = "1h",
     database: str = "decider.db",
+    prometheus_http: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """decider.yaml's keys; `prometheus_http`: more of its prometheus section (basic_auth,
+    authorization, tls_config)."""
+    prometheus = {"url": prometheus_url, "timeout": timeout, "retries": retries}
     config: dict[str, Any] = {
-        "prometheus": {"url": prometheus_url, "timeout": timeout, "retries": retries},
+        "prometheus": {**prometheus, **(prometheus_http or {})},
         "facility": "facility.yaml",
         "listen": listen,
         "database": database,
