@@ -81,11 +81,17 @@ class HangGuard:
         self.abandoned = 0
         self._stuck: Call[object] | None = None
         self._stuck_reason = ""
+        self._latest: Call[object] | None = None  # the last call started
 
     @property
     def stuck(self) -> bool:
         """True while an abandoned call has not returned."""
         return self._stuck is not None and not self._stuck.done
+
+    @property
+    def busy(self) -> bool:
+        """True while any call this guard started is still running (waited on or abandoned)."""
+        return self.stuck or (self._latest is not None and not self._latest.done)
 
     def begin(self, function: Callable[[], T]) -> Call[T]:
         """Start a call, or raise `Hung` while the last abandoned one is still stuck."""
@@ -101,7 +107,9 @@ class HangGuard:
                 took,
             )
             self._stuck = None
-        return Call(function, f"call-{self.what}")
+        call = Call(function, f"call-{self.what}")
+        self._latest = call  # type: ignore[assignment]
+        return call
 
     def finish(self, call: Call[T], until: float | None = None) -> T:
         """The call's result, or `Hung` once the deadline (or monotonic `until`) passes."""

@@ -58,7 +58,7 @@ def stop_all(stop: threading.Event, runners: list[SourceRunner]) -> None:
             # Releasing a library (nvmlShutdown) under a call still inside it could crash
             # the process on its way out; the process is ending anyway.
             log.warning(
-                "source %s not closed: a poll abandoned past its deadline is still stuck",
+                "source %s not closed: a poll is still running in it (or stuck past its deadline)",
                 runner.name,
             )
             continue

@@ -122,8 +122,8 @@ class SourceRunner:
 
     @property
     def in_flight(self) -> bool:
-        """True while an abandoned poll is still stuck in the source."""
-        return self.guard.stuck
+        """True while a poll is still running in the source (waited on, or abandoned)."""
+        return self.guard.busy
 
     def _log_change(self, before: SourceState, after: SourceState) -> None:
         if (before.up, before.reason) == (after.up, after.reason):

@@ -241,3 +241,22 @@ def test_deadline_and_stale_after_come_from_agent_yaml_and_are_checked():
         AgentConfig.model_validate({"sources": {"rapl": {"interval": "5s", "stale_after": "2s"}}})
     with pytest.raises(ValueError, match="a duration must be more than zero"):
         AgentConfig.model_validate({"sources": {"gpu": {"deadline": "0s"}}})
+
+
+def test_stop_never_closes_a_source_that_a_poll_is_still_inside(caplog):
+    from exporter.main import stop_all
+
+    source = Blocking()
+    closed: list[bool] = []
+    source.close = lambda: closed.append(True)  # type: ignore[method-assign]
+    runner = SourceRunner(source, 0.1, deadline=0.2)
+    stop = threading.Event()
+    runner.start(stop)
+    deadline = time.monotonic() + 5
+    while runner.state.failure != "hung" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with caplog.at_level(logging.WARNING):
+        stop_all(stop, [runner])
+    assert closed == []  # nvmlShutdown under a call still inside NVML could crash the exit
+    assert "source gpu not closed: a poll is still running in it" in caplog.text
+    source.release.set()

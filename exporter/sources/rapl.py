@@ -24,9 +24,9 @@ Missing-data policy (STYLE.md §3):
   twice the largest of the zone's own `constraint_*_max_power_uw` and
   `constraint_*_power_limit_uw` (limits are averages over a time window, and a
   package may burst above them for a few ms), at most (and where sysfs has no
-  constraint) 1,000 W for a package and 250 W for a DRAM zone. Without the bound, `energy_uj` falling from
-  200,000,500,000 to 1,000,000 (range 262,143,328,850) reads as a wrap of
-  62 kJ: 62 kW for a one-second interval.
+  constraint) 1,000 W for a package and 250 W for a DRAM zone. Without the
+  bound, `energy_uj` falling from 200,000,500,000 to 1,000,000 (range
+  262,143,328,850) reads as a wrap of 62 kJ: 62 kW for a one-second interval.
 
 The energy counters count from 0 when the exporter starts, wraps corrected; a
 restart is a counter reset, which `rate()` and `increase()` handle. (Starting
