@@ -6,13 +6,17 @@ and the refresh's pacing too. The `make_site` fixture is tests/conftest.py's."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
+from hypothesis import HealthCheck, settings
 from pydantic_core import to_json
 
+import decider.state
 from decider.config import Staleness
 from decider.facility import DomainRef, Facility
 from decider.models import Replica, ReservationRequest
@@ -265,3 +269,64 @@ def scratch(view: View) -> View:
         reservations=view.reservations,
         holds=view.holds,
     )
+
+
+#: read_at for each freshness: fresh, stale (past both limits), never read.
+READ_AT: dict[str, float | None] = {"fresh": NOW, "stale": NOW - 10_000, "never": None}
+#: The property tests' Hypothesis settings: the same examples every run.
+SETTINGS = settings(
+    derandomize=True,
+    database=None,
+    deadline=None,
+    max_examples=150,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+@dataclasses.dataclass
+class SiteSpec:
+    facility: dict[str, Any]
+    membership: dict[str, tuple[DomainRef, ...]]
+    measured: dict[DomainRef, float]
+    conditions: dict[DomainRef, str]
+    ages: dict[DomainRef, float]
+    gpus: dict[str, int]
+    limits: dict[str, float]
+    reservations: list[Reservation]
+    holds: dict[DomainRef, str]
+
+    @property
+    def nodes(self) -> list[str]:
+        return sorted(self.membership)
+
+    def snapshot(self, freshness: Mapping[str, str] | None = None) -> Snapshot:
+        fresh = freshness or {}
+        return Snapshot(
+            membership=self.membership,
+            domains=frozenset(r for refs in self.membership.values() for r in refs),
+            measured_watts=self.measured,
+            conditions=self.conditions,  # type: ignore[arg-type]
+            reading_ages=self.ages,
+            node_gpus=self.gpus,
+            gpu_limit_watts=self.limits,
+            parts={name: Part(READ_AT[fresh.get(name, "fresh")]) for name in PARTS},
+            prometheus_up=True,
+        )
+
+
+@contextmanager
+def state_of(spec: SiteSpec, snapshot: Snapshot | None) -> Iterator[State]:
+    store = Store(Path(":memory:"))
+    try:
+        for reservation in spec.reservations:
+            assert store.add(reservation)
+        for ref, reason in spec.holds.items():
+            store.hold(Hold(ref, reason, NOW - 60))
+        facility = Facility.model_validate(spec.facility)
+        state = State(facility, store, 300.0, STALENESS, clock=lambda: NOW)
+        if snapshot is not None:
+            with mock.patch.object(decider.state, "gc", NO_GC):
+                state.set_snapshot(snapshot)
+        yield state
+    finally:
+        store.close()

@@ -25,8 +25,8 @@ from decider.models import Replica
 from decider.placement import decide
 from decider.shedding import failover
 from decider.snapshot import PARTS, Part, Snapshot
-from tests.test_placement_properties import NOW, SETTINGS, SiteSpec, state_of
-from tests.test_shedding import CLASSES, MODELS, SHEDDING, ref, site
+from tests.placement_helpers import NOW, SETTINGS, SiteSpec, ref, state_of
+from tests.shedding_helpers import CLASSES, MODELS, SHEDDING, site
 
 WATTS = 1_000.0
 REPLICA = Replica(model="a", profile="declared", gpus=0, power_watts=WATTS)

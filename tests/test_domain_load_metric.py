@@ -18,7 +18,7 @@ from decider.metrics import DomainCollector
 from decider.models import Replica
 from decider.placement import decide
 from decider.snapshot import PARTS, Part, Snapshot
-from tests.test_placement_properties import NOW, SiteSpec, state_of
+from tests.placement_helpers import NOW, SiteSpec, state_of
 
 ROOT = Path(__file__).resolve().parent.parent
 #: rack/r20: 15.5 kW measured by its nodes, 0.9 kW of switches. pdu/p1: its site meter reads

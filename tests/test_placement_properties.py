@@ -44,45 +44,28 @@ covers the store on disk). Settings are derandomized: every run tries the same e
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
-from unittest import mock
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn, composite
 
-import decider.state
-from decider.config import Staleness
 from decider.facility import DomainRef, Facility
 from decider.models import Replica, ReservationRequest
 from decider.placement import Decision, decide
 from decider.placement.view import View
-from decider.snapshot import INVENTORY_PARTS, PARTS, Part, Snapshot
+from decider.snapshot import INVENTORY_PARTS, PARTS, Snapshot
 from decider.state import State
-from decider.store import Hold, Reservation, Store
-from tests.placement_helpers import NO_GC, scratch
+from decider.store import Reservation
+from tests.placement_helpers import NOW, SETTINGS, SiteSpec, scratch, state_of
 
-NOW = 1_700_000_000.0
-STALENESS = Staleness(readings=120.0, inventory=3600.0)
 READINGS = frozenset(PARTS) - INVENTORY_PARTS
-#: read_at for each freshness: fresh, stale (past both limits), never read.
-READ_AT: dict[str, float | None] = {"fresh": NOW, "stale": NOW - 10_000, "never": None}
 PROFILES = {
     "declared": {"gpus": 4, "power_watts": 2_900},
     "derived": {"gpus": 1},
     "cpu": {"gpus": 0, "cpu_cores": 16},
 }
-
-SETTINGS = settings(
-    derandomize=True,
-    database=None,
-    deadline=None,
-    max_examples=150,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
 
 
 def tolerance(limit: float) -> float:
@@ -90,37 +73,6 @@ def tolerance(limit: float) -> float:
 
 
 # --- generated sites --------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class SiteSpec:
-    facility: dict[str, Any]
-    membership: dict[str, tuple[DomainRef, ...]]
-    measured: dict[DomainRef, float]
-    conditions: dict[DomainRef, str]
-    ages: dict[DomainRef, float]
-    gpus: dict[str, int]
-    limits: dict[str, float]
-    reservations: list[Reservation]
-    holds: dict[DomainRef, str]
-
-    @property
-    def nodes(self) -> list[str]:
-        return sorted(self.membership)
-
-    def snapshot(self, freshness: Mapping[str, str] | None = None) -> Snapshot:
-        fresh = freshness or {}
-        return Snapshot(
-            membership=self.membership,
-            domains=frozenset(r for refs in self.membership.values() for r in refs),
-            measured_watts=self.measured,
-            conditions=self.conditions,  # type: ignore[arg-type]
-            reading_ages=self.ages,
-            node_gpus=self.gpus,
-            gpu_limit_watts=self.limits,
-            parts={name: Part(READ_AT[fresh.get(name, "fresh")]) for name in PARTS},
-            prometheus_up=True,
-        )
 
 
 @composite
@@ -239,24 +191,6 @@ def candidate_lists(draw: DrawFn, nodes: list[str]) -> list[str]:
     return draw(
         st.permutations(pool).flatmap(lambda p: st.integers(0, len(p)).map(lambda k: p[:k]))
     )
-
-
-@contextmanager
-def state_of(spec: SiteSpec, snapshot: Snapshot | None) -> Iterator[State]:
-    store = Store(Path(":memory:"))
-    try:
-        for reservation in spec.reservations:
-            assert store.add(reservation)
-        for ref, reason in spec.holds.items():
-            store.hold(Hold(ref, reason, NOW - 60))
-        facility = Facility.model_validate(spec.facility)
-        state = State(facility, store, 300.0, STALENESS, clock=lambda: NOW)
-        if snapshot is not None:
-            with mock.patch.object(decider.state, "gc", NO_GC):
-                state.set_snapshot(snapshot)
-        yield state
-    finally:
-        store.close()
 
 
 def domains_of(view: View, node: str) -> list[Any]:
