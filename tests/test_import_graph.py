@@ -7,6 +7,7 @@ new circle fails, and a known one that is gone fails too until its entry is dele
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -170,3 +171,21 @@ def test_the_check_command_fails_on_a_circle(tmp_path, capsys):
     )
     assert import_graph.main(["--check", "--root", str(tmp_path)]) == 1
     assert "circle of 2 modules: decider.x, decider.y" in capsys.readouterr().out
+
+
+def test_no_test_file_imports_another():
+    # What several test files share lives in a helper module (tests/*_helpers.py, conftest):
+    # importing a test file runs its module code and couples two files' tests (issue 18).
+    tests = Path(__file__).resolve().parent
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            if any(name.split(".")[-1].startswith("test_") for name in names if name):
+                found.append(f"{path.relative_to(tests)}:{node.lineno}")
+    assert not found, found
