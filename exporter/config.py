@@ -21,6 +21,11 @@ sources:                         # every source is on by default
   hwmon_power: {enabled: true, interval: 5s}
   units: {glob: "kubepods.slice/*/*", pattern: '(?P<unit>[^/]+)$'}  # off until glob is set
 ```
+
+Every source also takes `deadline` (how long one poll may take before it is
+abandoned and the source reads down, `hung`; default: the source's
+`default_deadline`) and `stale_after` (how old its last reading may grow before
+its series are no longer served; default 3 × interval): docs/exporter.md.
 """
 
 from __future__ import annotations
