@@ -33,6 +33,10 @@ Missing data:
 - the driver gone or reloaded (uninitialised, driver not loaded, library/driver
   version mismatch) → the source is down and NVML is initialised afresh on the
   next poll.
+- an NVML call that never returns → the poll passes its deadline and the
+  whole source reads down (`hung`, exporter/poller.py): GPUs are read one
+  after the other, and a driver stuck on one GPU usually stalls the others;
+  no new NVML call is made until the stuck one returns.
 - the energy counter (NVML's total energy, mJ since the driver loaded) is
   published from 0 at the exporter's start, by the rule of exporter/energy.py:
   a counter that went backwards (a driver reload) or rose by more than

@@ -198,9 +198,15 @@ class HwmonSource(Source):
         self, chips: dict[Path, str]
     ) -> dict[Path, tuple[str, list[_Temp]] | Exception]:
         """Every chip read at once, each on its own thread, all within one chip deadline."""
+        # A chip that vanished keeps its guard while its read is stuck: should it come
+        # back meanwhile, no second read of it is started behind the first.
         self._guards = {
-            entry: self._guards.get(entry) or HangGuard(f"hwmon chip {chip}", self.chip_deadline)
-            for entry, chip in chips.items()
+            **{entry: guard for entry, guard in self._guards.items() if guard.stuck},
+            **{
+                entry: self._guards.get(entry)
+                or HangGuard(f"hwmon chip {chip}", self.chip_deadline)
+                for entry, chip in chips.items()
+            },
         }
         calls: dict[Path, Call[tuple[str, list[_Temp]]] | Exception] = {}
         for entry in chips:
