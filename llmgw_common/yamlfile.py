@@ -164,10 +164,14 @@ def _scalar(node: yaml.Node, loader: BoundedLoader, problems: list[str]) -> Any:
     """A scalar's value, if it is one these files take: text, a finite number of a sane size,
     a boolean or null (a problem noted otherwise)."""
     line = node.start_mark.line + 1
+    if node.tag == "tag:yaml.org,2002:merge":
+        problems.append(f"{line}: a merge key (<<) is not supported: write the keys out")
+        return None
     try:
         value = loader.construct_object(node)
     except (yaml.YAMLError, ValueError, TypeError) as exc:  # a tag its value does not fit
-        problems.append(f"{line}: {node.value!r} cannot be read as {node.tag}: {exc}")
+        reason = getattr(exc, "problem", None) or str(exc)
+        problems.append(f"{line}: {node.value!r} cannot be read as {node.tag}: {reason}")
         return None
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from exporter import config as agent_config
-from llmgw_common.yamlfile import ConfigError, parse_duration
+from llmgw_common.yamlfile import MAX_ALIASES, ConfigError, load_text, parse_duration
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "agent.yaml"
 
@@ -145,3 +146,53 @@ def test_an_interval_too_short_to_mean_anything_is_refused(tmp_path):
     assert ":2: sources.gpu.interval: Value error, 0.001s is shorter than 0.1s" in refusal(
         tmp_path, "sources:\n  gpu: {interval: 1ms}\n"
     )
+
+
+# --- what the YAML loader takes (llmgw_common.yamlfile, every config file) ------------------
+
+
+def test_aliases_within_the_bounds_are_read(tmp_path):
+    config = agent_config.load(write(tmp_path, "node: &w n1\nlabels:\n  llmgw.io/rack: *w\n"))
+    assert config.labels.rack == "n1"
+    # 100 aliases are within the bounds: the file is read, refused for the unknown key alone.
+    aliases = "".join(f"  n{i}: *w\n" for i in range(MAX_ALIASES))
+    assert refusal(tmp_path, f"node: &w n1\nx:\n{aliases}").endswith(
+        ":3: x: Extra inputs are not permitted"
+    )
+
+
+def test_one_alias_past_the_bound_is_refused_at_its_line(tmp_path):
+    aliases = "".join("  - *w\n" for _ in range(MAX_ALIASES + 1))
+    message = refusal(tmp_path, f"node: &w n1\nx:\n{aliases}")
+    assert message.endswith(f":{3 + MAX_ALIASES}: not valid YAML: more than 100 aliases")
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("a: &b {c: 1}\nd:\n  <<: *b\n", ":3: a merge key (<<) is not supported"),
+        ("node: 2024-01-01\n", ":1: '2024-01-01' reads as a date, which no setting takes"),
+        ("? [a, b]\n: c\n", ":1: a key must be a plain value, not a list or mapping"),
+        ("node: !!int n1\n", ":1: 'n1' cannot be read as tag:yaml.org,2002:int"),
+        ("overhead_watts: .nan\n", ":1: .nan is not a finite number"),
+        ("overhead_watts: -1.0e+16\n", ":1: -1.0e+16 is larger than any figure"),
+    ],
+    ids=["merge key", "date", "complex key", "bad tag", "nan", "huge"],
+)
+def test_values_no_setting_takes_are_refused_with_their_line(tmp_path, text, problem):
+    assert problem in refusal(tmp_path, text)
+
+
+def test_load_text_keeps_the_bounds():
+    assert load_text("a: &x [1, 2]\nb: *x\n") == {"a": [1, 2], "b": [1, 2]}
+    with pytest.raises(yaml.YAMLError, match="a recursive alias"):
+        load_text("a: &x [*x]\n")
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [("8785h", "more than a year"), (float("inf"), "not a finite duration"), ("0s", "zero")],
+)
+def test_durations_past_a_year_or_not_finite_are_refused(value, reason):
+    with pytest.raises(ValueError, match=reason):
+        parse_duration(value)

@@ -11,6 +11,8 @@ process over real HTTP (tests/decider_harness.py):
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -120,6 +122,38 @@ def test_a_database_deleted_under_a_running_decider_takes_no_more_writes(decider
     # A new database at the path: writes are taken again.
     assert decider.reserve("after", "n2", REPLICA).status_code == 201
     assert decider.get("/readyz").json()["database"] == "ok"
+
+
+def test_the_runbooks_rescue_brings_back_everything_acknowledged(decider):
+    """docs/runbooks.md, LlmgwDeciderDatabaseLost: copy the open files from /proc, stop the
+    decider, move the copies into place, start it."""
+    for index in range(5):
+        assert decider.reserve(f"r{index}", "n1", REPLICA).status_code == 201
+    assert decider.post("/v1/reservations/r1/confirm").status_code == 200
+    assert decider.post("/v1/domains/rack/r1/hold", {"reason": "maintenance"}).ok
+    for path in database_files(decider):
+        path.unlink()
+    assert decider.delete("/v1/reservations/r2").status_code == 503
+    assert decider.process is not None
+    descriptors = Path(f"/proc/{decider.process.pid}/fd")
+    database = decider.directory / "decider.db"
+    open_files = {os.readlink(fd): fd for fd in descriptors.iterdir()}
+    rescued = decider.directory / "rescued.db"
+    for name, copy in (("decider.db", rescued), ("decider.db-wal", Path(f"{rescued}-wal"))):
+        shutil.copyfile(open_files[f"{database.with_name(name)} (deleted)"], copy)
+    assert decider.stop() == 0
+    rescued.rename(database)
+    Path(f"{rescued}-wal").rename(f"{database}-wal")
+    decider.start(wait_ready=True)
+    listed = decider.get("/v1/reservations").json()["reservations"]
+    assert [(r["id"], r["confirmed"]) for r in listed] == [
+        ("r0", False),
+        ("r1", True),
+        ("r2", False),  # its release was refused, not done
+        ("r3", False),
+        ("r4", False),
+    ]
+    assert decider.domain("rack/r1")["held"]["reason"] == "maintenance"
 
 
 def test_a_database_replaced_under_a_running_decider_takes_no_more_writes(decider):
