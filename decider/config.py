@@ -121,6 +121,11 @@ class PrometheusSettings(_Model):
             )
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        if parsed.query or parsed.fragment:
+            raise ValueError(
+                "the URL has a query string or fragment, which no query would carry: give "
+                "Prometheus' base URL (a path prefix such as /prometheus is kept)"
+            )
         return url.rstrip("/")
 
     @model_validator(mode="after")

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import logging
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -37,7 +39,7 @@ from decider import promql
 from decider.config import DeciderConfig
 from decider.facility import DomainRef
 from decider.giving_way import PAUSE_EVERY
-from decider.prometheus_reader import PrometheusReader
+from decider.prometheus_reader import PrometheusReader, QueryError
 from decider.refresher import QUERIES, Refresher, queries, refresh
 from decider.snapshot import INVENTORY_PARTS, PARTS, Part, ProfileFigures, Snapshot
 from tests.promstack import Server, free_port, metrics_target, prometheus, victoria_metrics
@@ -112,6 +114,7 @@ class FakePrometheus:
         self.default = Reply(status=404, body=b"no reply set")
         self.replies: dict[str, Reply | list[Reply]] = {}
         self.queries: list[str] = []
+        self.authorizations: list[str | None] = []  # each query's Authorization header
         self.asked = threading.Event()
         self.release = threading.Event()
         self._lock = threading.Lock()
@@ -123,6 +126,8 @@ class FakePrometheus:
             def do_GET(self) -> None:
                 url = urlparse(self.path)
                 query = parse_qs(url.query).get("query", [""])[0]
+                with fake._lock:
+                    fake.authorizations.append(self.headers.get("Authorization"))
                 reply = fake.reply_for(query) if url.path == "/api/v1/query" else Reply(404)
                 with contextlib.suppress(OSError):  # the client gave up: nobody to answer
                     self.answer(reply)
@@ -994,3 +999,92 @@ def test_background_refreshes_read_the_inventory_parts_every_half_readings_limit
     assert set(read_at(background(T0 + 226)).values()) == {T0 + 226}
     clock[0] = T0 + 241
     assert set(read_at(refresher.refresh_now()).values()) == {T0 + 241}
+
+
+# --- decider.yaml's prometheus section -----------------------------------------------------
+
+
+def load_prometheus(tmp_path: Path, section: dict[str, Any]) -> Any:
+    from decider.config import load
+
+    path = tmp_path / "decider.yaml"
+    path.write_text(json.dumps({"prometheus": section}))  # JSON is YAML
+    return load(path).prometheus
+
+
+def test_the_prometheus_section_reads_its_files_relative_to_decider_yaml(tmp_path):
+    settings = load_prometheus(
+        tmp_path,
+        {
+            "url": "https://prom.example:9090/prometheus/",
+            "basic_auth": {"username": "decider", "password_file": "secrets/password"},
+            "tls_config": {"ca_file": "/etc/ca.pem", "cert_file": "c.pem", "key_file": "c.key"},
+        },
+    )
+    assert settings.url == "https://prom.example:9090/prometheus"
+    assert settings.basic_auth.password_file == tmp_path / "secrets" / "password"
+    assert settings.tls_config.ca_file == Path("/etc/ca.pem")
+    assert settings.tls_config.cert_file == tmp_path / "c.pem"
+    assert settings.tls_config.key_file == tmp_path / "c.key"
+    reader = PrometheusReader.from_settings(settings)
+    assert reader.url == "https://prom.example:9090/prometheus"
+
+
+@pytest.mark.parametrize(
+    ("section", "says"),
+    [
+        ({"url": "http://decider:s3cret@prom:9090"}, "prometheus.basic_auth.password_file"),
+        ({"url": "http://:s3cret@prom:9090"}, "carries a user and password"),
+        ({"url": "http://prom:9090/?token=s3cret"}, "query string"),
+        (
+            {"basic_auth": {"username": "decider", "password": "s3cret"}},
+            "name it in prometheus.basic_auth.password_file",
+        ),
+        ({"authorization": {"credentials": "s3cret"}}, "credentials_file"),
+        (
+            {
+                "basic_auth": {"username": "u", "password_file": "p"},
+                "authorization": {"credentials_file": "t"},
+            },
+            "exclusive",
+        ),
+        ({"tls_config": {"cert_file": "c.pem"}}, "cert_file and key_file go together"),
+        ({"authorization": {"type": "Bearer token", "credentials_file": "t"}}, "type"),
+    ],
+)
+def test_a_bad_prometheus_section_is_refused_without_repeating_a_secret(tmp_path, section, says):
+    from llmgw_common.yamlfile import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        load_prometheus(tmp_path, section)
+    assert says in str(refused.value)
+    assert "s3cret" not in str(refused.value)
+    assert f"{tmp_path / 'decider.yaml'}:1: prometheus" in str(refused.value)
+
+
+def test_the_reader_sends_the_credentials_read_from_their_file_at_each_query(fake, tmp_path):
+    """A rotated password counts from the next query; an unreadable file is that query's
+    error, naming the file."""
+    from decider.config import BasicAuthSettings
+
+    password = tmp_path / "password"
+    password.write_text("first\n")
+    reader = PrometheusReader(
+        fake.url, TIMEOUT_S, 0, basic_auth=BasicAuthSettings(username="u", password_file=password)
+    )
+    fake.answer({}, default=vector())
+    try:
+        reader.query("up")
+        password.write_text("second")
+        reader.query("up")
+        assert fake.authorizations[-2:] == [
+            "Basic " + base64.b64encode(b"u:first").decode(),
+            "Basic " + base64.b64encode(b"u:second").decode(),
+        ]
+        password.unlink()
+        with pytest.raises(
+            QueryError, match=f"cannot read prometheus.basic_auth.password_file {password}"
+        ):
+            reader.query("up")
+    finally:
+        reader.close()
