@@ -570,7 +570,7 @@ class Facility(_Model):
     #: (decider.placement.estimate); None: the node share alone, said in `missing`.
     fallback_gpu_watts: float | None = Field(None, gt=0, le=5000)
     cpu_watts_per_core: CpuWattsPerCore = CpuWattsPerCore()
-    mode: Mode = "observe"  # required in a file: FacilityFile
+    mode: Mode = "observe"  # required in a file: see `load`
     shedding: Shedding = Shedding()
     signals: Signals = Signals()
     #: Per node: the phase it draws from on each three-phase PDU (docs/facility.md "Phases").
@@ -724,15 +724,11 @@ class Facility(_Model):
         return None if wiring is None else wiring.phases.get(pdu)
 
 
-class FacilityFile(Facility):
-    """The facility as a file must write it: `mode` required, so that an empty or truncated
-    file is refused rather than read as "observe, no budgets" (issue 16). A Facility built in
-    code (tests, the simulator) keeps observe as its default."""
-
-    mode: Mode
-
-
 def load(path: Path) -> Facility:
     """Read and validate facility.yaml. Raises llmgw_common.yamlfile.ConfigError listing every
-    problem as `path:line: field: reason`."""
-    return load_model(path, FacilityFile)
+    problem as `path:line: field: reason`.
+
+    `mode` is required in the file, so that an empty or truncated file is refused rather than
+    read as "observe, no budgets" (issue 16); a Facility built in code (tests, the simulator)
+    keeps observe as its default."""
+    return load_model(path, Facility, required=("mode",))

@@ -163,8 +163,11 @@ class Store:
             if damage != ["ok"]:
                 self._db.close()
                 raise StoreError(f"{path}: the database is damaged: {'; '.join(damage)}")
-            # The files as opened: the WAL exists from the first write (the one above) on.
-            self._identity = self._identities()
+            # The files as opened: the WAL exists from the first write (the one above) on. An
+            # in-memory database (tests) has no files to lose.
+            self._identity: Identity | None = (
+                None if str(path) == ":memory:" else self._identities()
+            )
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc):
                 raise StoreError(
@@ -193,6 +196,8 @@ class Store:
     def problem(self) -> str | None:
         """None while the files at the database's paths are the ones this decider writes;
         else why not (deleted, replaced): a write now would be on files no start reads."""
+        if self._identity is None:
+            return None
         try:
             found = self._identities()
         except FileNotFoundError as exc:

@@ -265,8 +265,12 @@ def load_text(text: str) -> Any:
         loader.dispose()
 
 
-def load_model(path: Path, model: type[Model]) -> Model:
-    """Parse and validate `path` as `model`; raise ConfigError naming every problem."""
+def load_model(path: Path, model: type[Model], required: tuple[str, ...] = ()) -> Model:
+    """Parse and validate `path` as `model`; raise ConfigError naming every problem.
+
+    `required`: top-level keys the file must write although the model has a default for
+    code that builds it (the facility file's `mode`); their absence is reported with every
+    other problem, not instead of them."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -277,8 +281,16 @@ def load_model(path: Path, model: type[Model]) -> Model:
     data = {} if root is None else _to_python(root, loader, (), lines, problems)
     if problems:
         raise ConfigError(path, problems)
+    found = [
+        (1, f"{key}: Field required")
+        for key in required
+        if isinstance(data, dict) and key not in data
+    ]
     try:
-        return model.model_validate(data)
+        loaded = model.model_validate(data)
     except ValidationError as exc:
-        found = sorted(_problem(error, lines) for error in exc.errors(include_url=False))
-        raise ConfigError(path, [f"{line}: {text}" for line, text in found]) from exc
+        found += [_problem(error, lines) for error in exc.errors(include_url=False)]
+        raise ConfigError(path, [f"{line}: {text}" for line, text in sorted(found)]) from exc
+    if found:
+        raise ConfigError(path, [f"{line}: {text}" for line, text in found])
+    return loaded

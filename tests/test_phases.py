@@ -270,6 +270,7 @@ def test_phases_as_the_facility_team_writes_them(tmp_path: Path) -> None:
         + "  pdu/p2: {cap_watts: 9000, other_watts: 600, phases: {L1: {rating_watts: 4000}, "
         "L2: {rating_watts: 4000}, L3: {rating_watts: 4000}}}\n"
         "nodes:\n  gpu-01: {phases: {p1: L1, p2: L3}}\n"
+        "mode: enforce\n"
     )
     facility = facility_file_load(tmp_path, text)
     assert sorted(facility.phased_pdus()) == ["p1", "p2"]
