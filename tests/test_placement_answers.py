@@ -190,10 +190,10 @@ def test_holds_releases_refreshes_and_reloads(tmp_path: Path) -> None:
 
 
 def test_a_rack_room_too_large_to_pack_orders_as_decide_does(tmp_path: Path) -> None:
-    huge = {**DOMAINS, "rack/r5": {"cap_watts": 1e12}}
+    huge = {**DOMAINS, "rack/r5": {"cap_watts": 1e10}}  # the most a facility file takes
     big = make_facility(huge, nodes=PHASE_NODES, node_share_watts=400)
     site = Site(tmp_path / "decider.db", big, readings(), (), {})
-    rep = replica(1, power_watts=1.0)  # rack r5: room for ~9e11 more of them
+    rep = replica(1, power_watts=1.0)  # rack r5: room for ~9e9 more of them
     view = site.view()
     assert_as_decide(view, rep, CANDIDATES)
     assert not answers.shape(view, rep).packed
