@@ -59,7 +59,7 @@ CHUNK_BYTES = 65536
 #: The most of an error body a message quotes.
 MAX_BODY_QUOTE = 120
 #: What stands for a secret in a message.
-REDACTED = "<redacted>"
+REDACTED = "[redacted]"
 
 
 class QueryError(Exception):

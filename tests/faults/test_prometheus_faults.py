@@ -314,8 +314,11 @@ def secrets_test(
 
         fail_every_way(fake, decider)
         shown = assert_never_shown(decider, secrets)
-        assert "HTTP error" in shown["/readyz"] and "<redacted>" in shown["/readyz"]
-        assert "<redacted>" in json.loads(shown["/v1/placements"])["missing"][0]
+        # The search is not vacuous: each place carries the server's quote of what it was
+        # sent, with the secret redacted.
+        for where in ("/readyz", "/v1/domains", "/", "/v1/placements", "log"):
+            assert "Authorization: " in shown[where] and "[redacted]" in shown[where], where
+        assert "[redacted]" in json.loads(shown["/v1/placements"])["missing"][0]
 
         # Credentials refused (a rotated password, a revoked token): 401s quoting them.
         fake.set("ok")
