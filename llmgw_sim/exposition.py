@@ -128,6 +128,25 @@ class NodeRenderer:
         families["llmgw_exporter_source_up"] = lambda node, now: [
             f"{prefix}{'1.0' if bmc_ok(node, i) else '0.0'}\n" for i, prefix in enumerate(up)
         ]
+        # The exporter's poll deadlines (its defaults: BMCs 2 x 10 s + 5 s) and bookkeeping:
+        # a simulated sensor never hangs, and its counters never reset.
+        deadlines = {"gpu": 5.0, "hwmon": 3.0, "rapl": 2.0}
+        families["llmgw_exporter_source_deadline_seconds"] = "".join(
+            f"{prefix}{_number(deadlines.get(source, 25.0))}\n"
+            for prefix, source in zip(
+                per_source("llmgw_exporter_source_deadline_seconds"), sources, strict=True
+            )
+        )
+        families["llmgw_exporter_source_abandoned_polls_total"] = "".join(
+            f"{prefix}0.0\n" for prefix in per_source("llmgw_exporter_source_abandoned_polls_total")
+        )
+        resets = [("rapl", "llmgw_node_cpu_energy_joules_total")]
+        resets += [("rapl", "llmgw_node_dram_energy_joules_total")]
+        resets += [("gpu", "llmgw_gpu_energy_joules_total")] if node.gpus else []
+        families["llmgw_exporter_energy_resets_total"] = "".join(
+            f"{series('llmgw_exporter_energy_resets_total', metric=m, node=name, source=s)}0.0\n"
+            for s, m in resets
+        )
 
         gpus = [(gpu.index, gpu.uuid) for gpu in node.gpus]
 
