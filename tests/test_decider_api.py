@@ -576,7 +576,12 @@ def test_headroom_counts_replicas_per_domain(shared):
 
 def test_health_readiness_status_page_and_openapi(shared):
     assert shared.get("/healthz").json() == {"status": "ok"}
-    assert shared.get("/readyz").json() == {"ready": True, "prometheus_up": True, "missing": []}
+    assert shared.get("/readyz").json() == {
+        "ready": True,
+        "prometheus_up": True,
+        "missing": [],
+        "database": "ok",
+    }
     page = shared.get("/")
     assert page.status_code == 200
     assert page.headers["content-type"].startswith("text/html")
