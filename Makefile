@@ -4,14 +4,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py decider/placement/_entry_index.c | sha1sum | cut -c1-12)
 
-.PHONY: run test test-fast lint pytest pytest-fast rules fake-nvml bench bench-rules bench-decider clean debian-packages mutation dashboards
+.PHONY: run test test-fast test-lowest lint pytest pytest-fast rules fake-nvml bench bench-rules bench-decider clean debian-packages mutation dashboards
 
 # The main job: the demo (docs/simulation.md): a simulated site, a real Prometheus and
 # Alertmanager and the decider telling their story; Ctrl-C stops it.
 run: $(STAMP) debian-packages
 	$(BIN)/llmgw-facility demo
 
-test: lint pytest rules
+test: lint pytest rules test-lowest
 
 # The same without the tests that start real servers or a browser (marked in tests/conftest.py):
 # about two minutes on 2 cores (docs/testing.md), for the edit-test loop; `make test` (CI) runs all.
@@ -37,6 +37,32 @@ pytest: $(STAMP) debian-packages fake-nvml
 
 pytest-fast: $(STAMP) debian-packages fake-nvml
 	$(BIN)/python -m pytest -m "not servers and not browser"
+
+# The lowest versions pyproject.toml allows (scripts/lowest_requirements.py), in a second
+# virtual environment made anew when pyproject.toml changes: ruff, and the decider's API and
+# core and the exporter's tests run there, so that every lower bound is a version that works.
+# The code is read from the tree (its C loop built there by the first environment).
+LOWEST := .venv-lowest
+LOWEST_STAMP := $(LOWEST)/.installed-$(shell cat pyproject.toml scripts/lowest_requirements.py | sha1sum | cut -c1-12)
+LOWEST_TESTS := tests/test_decider_api.py tests/test_json_body_route.py tests/test_facility.py \
+	tests/test_placement.py tests/test_decider_store.py tests/test_config.py tests/test_gpu.py \
+	tests/test_hwmon.py tests/test_hwmon_power.py tests/test_rapl.py tests/test_units.py \
+	tests/test_units_amd.py tests/test_ipmi.py tests/test_redfish.py tests/test_redfish_tls.py \
+	tests/test_cray.py tests/test_poller.py tests/test_node_power.py tests/test_fake_nvml.py \
+	tests/test_exporter_e2e.py
+
+test-lowest: $(LOWEST_STAMP) $(STAMP) debian-packages fake-nvml
+	$(LOWEST)/bin/ruff check .
+	$(LOWEST)/bin/ruff format --check .
+	PYTHONPATH=$(CURDIR) $(LOWEST)/bin/python -m pytest -q $(LOWEST_TESTS)
+
+$(LOWEST_STAMP): pyproject.toml scripts/lowest_requirements.py
+	rm -rf $(LOWEST)
+	$(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/python -m pip install -q --upgrade pip
+	$(LOWEST)/bin/python scripts/lowest_requirements.py test > $(LOWEST)/requirements.txt
+	$(LOWEST)/bin/python -m pip install -q -r $(LOWEST)/requirements.txt
+	touch $@
 
 rules: debian-packages
 	@files=$$(find rules alerts -name '*.yml' | sort); \
@@ -75,4 +101,4 @@ mutation: $(STAMP)
 	$(BIN)/mutmut results
 
 clean:
-	rm -rf $(VENV) tests/fake_nvml/libnvidia-ml.so.1 .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(LOWEST) tests/fake_nvml/libnvidia-ml.so.1 .pytest_cache .ruff_cache
