@@ -352,7 +352,7 @@ def test_the_decider_against_a_real_engine(backend: Backend, decider: Decider):
 
     domains = wait_for(decider, "snapshot with r1 hot and r2's measured power", loaded)
     ready = decider.json("/readyz")
-    assert ready == {"ready": True, "prometheus_up": True, "missing": []}, ready
+    assert ready == {"ready": True, "prometheus_up": True, "missing": [], "database": "ok"}, ready
     assert domains["missing"] == []
     assert decider.metric("llmgw_decider_prometheus_up") == 1.0
 
