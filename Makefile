@@ -41,7 +41,8 @@ pytest-fast: $(STAMP) debian-packages fake-nvml
 # The lowest versions pyproject.toml allows (scripts/lowest_requirements.py), in a second
 # virtual environment made anew when pyproject.toml changes: ruff, and the decider's API and
 # core and the exporter's tests run there, so that every lower bound is a version that works.
-# The code is read from the tree (its C loop built there by the first environment).
+# The code is read from the tree (its C loop built there by the first environment, which also
+# installs python3-venv: hence made first).
 LOWEST := .venv-lowest
 LOWEST_STAMP := $(LOWEST)/.installed-$(shell cat pyproject.toml scripts/lowest_requirements.py | sha1sum | cut -c1-12)
 LOWEST_TESTS := tests/test_decider_api.py tests/test_json_body_route.py tests/test_facility.py \
@@ -56,7 +57,7 @@ test-lowest: $(LOWEST_STAMP) $(STAMP) debian-packages fake-nvml
 	$(LOWEST)/bin/ruff format --check .
 	PYTHONPATH=$(CURDIR) $(LOWEST)/bin/python -m pytest -q $(LOWEST_TESTS)
 
-$(LOWEST_STAMP): pyproject.toml scripts/lowest_requirements.py
+$(LOWEST_STAMP): pyproject.toml scripts/lowest_requirements.py | $(STAMP)
 	rm -rf $(LOWEST)
 	$(PYTHON) -m venv $(LOWEST)
 	$(LOWEST)/bin/python -m pip install -q --upgrade pip
