@@ -217,6 +217,7 @@ class State:
             existing = self._reservations.get(request.id)
             if existing is not None:
                 if existing.node == request.node and existing.replica == replica:
+                    self.store.check_files()  # acknowledged again only if a restart keeps it
                     return ReserveOutcome(existing, None, created=False)
                 return ReserveOutcome(
                     None,
@@ -254,6 +255,7 @@ class State:
             if existing is None:
                 return None
             if existing.confirmed_at is not None:
+                self.store.check_files()  # acknowledged again only if a restart keeps it
                 return existing
             now = self._clock()
             self.store.confirm(reservation_id, now)

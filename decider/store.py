@@ -214,7 +214,10 @@ class Store:
             )
         return None
 
-    def _check_files(self) -> None:
+    def check_files(self) -> None:
+        """StoreError naming the file unless it is the one at its path (see `problem`): for an
+        answer that acknowledges a write made before (an idempotent retry) as much as for a
+        write."""
         problem = self.problem()
         if problem is not None:
             raise StoreError(f"{self.path}: {problem}")
@@ -223,9 +226,9 @@ class Store:
     def _on_the_files(self) -> Iterator[None]:
         """Write only to the files the next start reads, and report a write done while they
         were deleted or replaced as failed (StoreError): never acknowledged."""
-        self._check_files()
+        self.check_files()
         yield
-        self._check_files()
+        self.check_files()
 
     def _write(self, sql: str, parameters: tuple[Any, ...]) -> sqlite3.Cursor:
         with self._on_the_files():

@@ -77,9 +77,11 @@ def database_files(decider: Decider) -> list[Path]:
 
 
 def every_write(decider: Decider) -> dict[str, Any]:
-    """One of each mutating call; their responses by name."""
+    """One of each mutating call, and a retry of the reservation made before; their
+    responses by name."""
     return {
         "reserve": decider.reserve("after", "n2", REPLICA),
+        "retry": decider.reserve("before", "n1", REPLICA),  # acknowledged again: refused too
         "confirm": decider.post("/v1/reservations/before/confirm"),
         "hold": decider.post("/v1/domains/rack/r1/hold", {"reason": "maintenance"}),
         "delete": decider.delete("/v1/reservations/before"),
