@@ -85,7 +85,7 @@ class Site:
         assert self.state.release(old.id)
         outcome = self.state.reserve(
             ReservationRequest(
-                id=f"{old.id}+", replica=Replica.model_validate(old.replica), node=move["to"]
+                id=f"{old.id}-moved", replica=Replica.model_validate(old.replica), node=move["to"]
             )
         )
         return outcome.created
