@@ -310,19 +310,15 @@ def test_a_scenario_refuses_a_non_finite_figure_with_exit_2(tmp_path):
 # --- the token file -----------------------------------------------------------------------
 
 
-def start_once(directory: Path) -> subprocess.Popen[str]:
+def start_once(directory: Path) -> subprocess.CompletedProcess[str]:
+    """Run `llmgw-decider` in `directory` (nothing listens at its Prometheus); it must exit
+    (killed past PROCESS_TIMEOUT_S, the test failing, if it serves instead)."""
     (directory / "facility.yaml").write_text(yaml.safe_dump(FACILITY))
     config = decider_yaml(
         f"http://127.0.0.1:{free_port()}", listen=f"127.0.0.1:{free_port()}", token=True
     )
     (directory / "decider.yaml").write_text(yaml.safe_dump(config))
-    return subprocess.Popen(
-        [sys.executable, "-m", "decider.main", "--config", str(directory / "decider.yaml")],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    return run("-m", "decider.main", "--config", directory / "decider.yaml")
 
 
 @pytest.mark.parametrize(
@@ -334,11 +330,10 @@ def test_a_token_file_others_can_write_is_refused(tmp_path, mode, who):
     token = tmp_path / "decider.token"
     token.write_text(TOKEN + "\n")
     os.chmod(token, mode)
-    process = start_once(tmp_path)
-    output, _ = process.communicate(timeout=PROCESS_TIMEOUT_S)
-    assert process.returncode == 2, output
-    assert f"{token}:1: the token file is writable by {who} (mode {mode:04o})" in output
-    assert "Traceback" not in output
+    result = start_once(tmp_path)
+    assert_refused(
+        result, 2, f"{token}:1: the token file is writable by {who} (mode {mode:04o})", ""
+    )
 
 
 def test_a_token_file_every_user_can_read_is_taken_with_a_warning(decider):
