@@ -196,6 +196,7 @@ def _run(
             decider_dir = workdir / "decider"
             decider_dir.mkdir()
             (decider_dir / "decider.token").write_text(token + "\n")
+            (decider_dir / "decider.token").chmod(0o600)  # the decider warns otherwise
             (decider_dir / "facility.yaml").write_text(FACILITY.read_text())
             decider = stack.start_decider(
                 decider_dir,
