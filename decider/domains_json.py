@@ -1,10 +1,11 @@
 """A domain as the API's answers and the status page show it: budget, load, condition, hold,
-and a three-phase pdu's phases. Below both, so that the service never imports the API."""
+override, and a three-phase pdu's phases. Below both, so that the service never imports the API."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from decider import overrides
 from decider.facility import DomainRef
 from decider.placement import phases
 from decider.placement.view import View
@@ -28,7 +29,26 @@ def domain_json(view: View, ref: DomainRef) -> dict[str, Any]:
         "condition": domain.condition,
         "reading_age_seconds": domain.reading_age,
         "held": None if held is None else {"reason": held.reason, "since": held.held_at},
+        "override": override_json(view, ref),
     } | phases_json(view, ref)
+
+
+def override_json(view: View, ref: DomainRef) -> dict[str, Any] | None:
+    """The override in force on the domain (docs/decider.md, "Overrides"): `condition` is
+    what the rules say, the domain's own `condition` what placement reads (`ok`)."""
+    override = view.overrides.get(ref)
+    if override is None or not override.active(view.now):
+        return None
+    conditions = view.snapshot.conditions if "conditions" in view.fresh else {}
+    condition = conditions.get(ref, "unknown")
+    return {
+        "reason": override.reason,
+        "by": override.by,
+        "since": override.set_at,
+        "until": override.expires_at,
+        "condition": condition,
+        "text": overrides.describe(ref, condition, override, view.now),
+    }
 
 
 def phases_json(view: View, ref: DomainRef) -> dict[str, Any]:

@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from decider.names import ClassName, NodeName, PathName, Reason
+from decider.overrides import OVERRIDE_MIN_SECONDS
+from decider.store import OVERRIDE_MAX_SECONDS
 
 
 class _Body(BaseModel):
@@ -160,3 +162,16 @@ class Refusal(_Body):
 
 class HoldRequest(_Body):
     reason: Reason
+
+
+class OverrideRequest(_Body):
+    """Clear a domain's condition (a sensor known to be at fault) for `for_seconds`:
+    placement reads it as `ok` until then (docs/decider.md, "Overrides")."""
+
+    reason: Reason
+    for_seconds: float = Field(
+        ge=OVERRIDE_MIN_SECONDS,
+        le=OVERRIDE_MAX_SECONDS,
+        description="how long it lasts, from now: a minute to seven days",
+    )
+    by: NodeName = Field("ops", description="who sets it, shown with it")

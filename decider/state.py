@@ -1,8 +1,12 @@
-"""The decider's state: facility file, latest snapshot, reservations and holds.
+"""The decider's state: facility file, latest snapshot, reservations, holds and overrides.
 
 Writers (reservations, holds, refreshes, reloads) take one lock, write SQLite first, then
 swap in a new View; readers take `view()` without a lock. Check-and-reserve happens under
 the lock, so two concurrent reservations never both take the last room (DESIGN.md §5).
+
+An override (docs/decider.md, "Overrides") is in a View only while it has not expired: a View
+is valid until the first override in it expires, and the sweep (`expire`) deletes expired
+overrides from the database.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from decider.models import Replica, ReservationRequest
 from decider.placement import Verdict, answers, judge, missing
 from decider.placement.view import View
 from decider.snapshot import INVENTORY_PARTS, Snapshot
-from decider.store import Hold, Proposal, Reservation, Store
+from decider.store import Hold, Override, Proposal, Reservation, Store
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +62,7 @@ class State:
         self._refreshes = 0
         self._reservations = {r.id: r for r in store.reservations()}
         self._holds = store.holds()
+        self._overrides = store.overrides()
         self._view = self._build()
 
     # --- reading ------------------------------------------------------------------------------
@@ -127,7 +132,10 @@ class State:
             missing=missing,
             reservations=self._reservations,
             holds=self._holds,
+            overrides=self._active_overrides(now),
         )
+        # The View reads an override only while it is active: it is rebuilt when one ends.
+        ends += [override.expires_at for override in view.overrides.values()]
         return view, min(ends, default=math.inf)
 
     def _since(self, view: View) -> tuple[tuple[Reservation, ...], tuple[DomainRef, ...]]:
@@ -178,9 +186,14 @@ class State:
             if (
                 current.reservations is view.reservations
                 and current.holds is view.holds
+                and _same_overrides(current, view)
                 and current.facility is view.facility
             ):
                 self._view, self._valid_until = view, valid_until  # the warmed view
+            elif self._active_overrides() != view.overrides:
+                # An override set, ended or expired meanwhile: a View made anew (see
+                # `override`).
+                self._view = self._build()
             else:
                 # Writes (or a reload) came in meanwhile: a view with them that starts from
                 # the warmed view's figures. A refresh of a 10,000-node site takes about a
@@ -283,8 +296,10 @@ class State:
             return True
 
     def expire(self) -> list[str]:
-        """Drop unconfirmed reservations past their TTL; the ids dropped."""
+        """Drop unconfirmed reservations past their TTL, and overrides past their expiry;
+        the reservation ids dropped."""
         now = self._clock()
+        self._end_expired_overrides(now)
         with self._lock:
             expired = [
                 r.id
@@ -322,6 +337,62 @@ class State:
             self._holds = {key: value for key, value in self._holds.items() if key != domain}
             self._view = self._build(held=(domain,))
             return True
+
+    # --- overrides ----------------------------------------------------------------------------
+
+    def overrides(self) -> dict[DomainRef, Override]:
+        """The overrides in force now (an expired one reads as gone before the sweep drops
+        it)."""
+        return self._active_overrides()
+
+    def override(self, domain: DomainRef, reason: str, seconds: float, by: str) -> Override:
+        """Clear the domain's condition for `seconds` (bounds checked by the caller: the
+        API's model, decider.models.OverrideRequest); a second override replaces the first."""
+        with self._lock:
+            now = self._clock()
+            override = Override(domain, reason, by, now, now + seconds)
+            self.store.override(override)
+            self._overrides = {**self._overrides, domain: override}
+            # A View made anew, not settled from the current one: a node's condition is
+            # that of its row, room and site too, which settling a domain does not redo
+            # (overrides are rare; the next placement pays for the node states).
+            self._view = self._build()
+            return override
+
+    def end_override(self, domain: DomainRef) -> bool:
+        """End the domain's override now; False if it had none in force."""
+        with self._lock:
+            override = self._overrides.get(domain)
+            if override is None:
+                return False
+            self.store.end_overrides([domain])
+            self._overrides = {k: v for k, v in self._overrides.items() if k != domain}
+            self._view = self._build()  # anew, as in `override`
+            return override.active(self._clock())
+
+    def _active_overrides(self, now: float | None = None) -> dict[DomainRef, Override]:
+        at = self._clock() if now is None else now
+        return {ref: o for ref, o in self._overrides.items() if o.active(at)}
+
+    def _end_expired_overrides(self, now: float) -> None:
+        """Delete the overrides past their expiry (the Views stopped reading them then)."""
+        if not any(not o.active(now) for o in self._overrides.values()):
+            return
+        with self._lock:
+            expired = [ref for ref, o in self._overrides.items() if not o.active(now)]
+            if not expired:
+                return
+            self.store.end_overrides(expired)
+            self._overrides = {k: v for k, v in self._overrides.items() if k not in expired}
+        for ref in expired:
+            log.info("the override of %s expired", ref)
+
+
+def _same_overrides(one: View, other: View) -> bool:
+    """Whether two Views read the same overrides (each View has its own dict of them)."""
+    return one.overrides.keys() == other.overrides.keys() and all(
+        one.overrides[ref] is override for ref, override in other.overrides.items()
+    )
 
 
 def replica_from(reservation: Reservation) -> Replica:

@@ -1,4 +1,4 @@
-"""Reservations and holds in SQLite: what the decider must never lose (DESIGN.md §5).
+"""Reservations, holds and overrides in SQLite: what the decider must never lose (DESIGN.md §5).
 
 Every change is committed, with `synchronous=FULL` in WAL mode, before the call returns: a
 reservation acknowledged to the scheduler survives a `kill -9` or a power cut the moment
@@ -48,6 +48,13 @@ CREATE TABLE IF NOT EXISTS holds (
     reason TEXT NOT NULL,
     held_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS overrides (
+    domain TEXT PRIMARY KEY,        -- kind/name: its condition is cleared until expires_at
+    reason TEXT NOT NULL,
+    by TEXT NOT NULL,               -- who set it, as they gave it ("ops" by default)
+    set_at REAL NOT NULL,
+    expires_at REAL NOT NULL        -- after set_at, at most OVERRIDE_MAX_SECONDS after it
+);
 CREATE TABLE IF NOT EXISTS shedding_moves (
     domain TEXT PRIMARY KEY,        -- kind/name: the last move proposed off this domain
     reservation TEXT NOT NULL,
@@ -55,6 +62,11 @@ CREATE TABLE IF NOT EXISTS shedding_moves (
     left_at REAL                    -- when the replica was first seen gone; NULL: still there
 );
 """
+
+
+#: The longest an override may last (docs/decider.md, "Overrides"): a week, so that a sensor
+#: fault cleared by hand is looked at again, never forgotten for good.
+OVERRIDE_MAX_SECONDS = 7 * 24 * 3600.0
 
 
 class StoreError(Exception):
@@ -129,6 +141,34 @@ class Hold:
     domain: DomainRef
     reason: str
     held_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """The facility team clears a domain's condition (a sensor they know to be at fault)
+    until `expires_at`: placement reads the domain as `ok` meanwhile (decider.placement.view)."""
+
+    domain: DomainRef
+    reason: str
+    by: str
+    set_at: float
+    expires_at: float
+
+    def active(self, now: float) -> bool:
+        return now < self.expires_at
+
+
+def _override(row: tuple[Any, ...]) -> Override:
+    """An overrides row, checked as this decider writes it (ValueError saying what is not)."""
+    set_at, expires_at = _number(row[3]), _number(row[4])
+    if not 0 < expires_at - set_at <= OVERRIDE_MAX_SECONDS:
+        raise ValueError(
+            f"expires_at {expires_at!r} is not after set_at {set_at!r} by at most "
+            f"{OVERRIDE_MAX_SECONDS:g}s"
+        )
+    return Override(
+        DomainRef.parse(_text(row[0])), _text(row[1]), _text(row[2]), set_at, expires_at
+    )
 
 
 class Store:
@@ -330,6 +370,43 @@ class Store:
     def release(self, domain: DomainRef) -> bool:
         """Release the hold; False if the domain was not held."""
         return self._write("DELETE FROM holds WHERE domain = ?", (str(domain),)).rowcount == 1
+
+    # --- overrides ----------------------------------------------------------------------------
+
+    def overrides(self) -> dict[DomainRef, Override]:
+        """Every override stored, expired ones included (decider.state drops those)."""
+        overrides = self._rows(
+            "overrides",
+            "SELECT domain, reason, by, set_at, expires_at FROM overrides",
+            _override,
+        )
+        return {override.domain: override for override in overrides}
+
+    def override(self, override: Override) -> None:
+        """Override the domain's condition (a second override replaces the first)."""
+        self._write(
+            "INSERT INTO overrides VALUES (?, ?, ?, ?, ?) ON CONFLICT(domain) DO UPDATE SET "
+            "reason = excluded.reason, by = excluded.by, set_at = excluded.set_at, "
+            "expires_at = excluded.expires_at",
+            (
+                str(override.domain),
+                override.reason,
+                override.by,
+                override.set_at,
+                override.expires_at,
+            ),
+        )
+
+    def end_overrides(self, domains: list[DomainRef]) -> int:
+        """Delete these domains' overrides in one transaction; how many existed."""
+        if not domains:
+            return 0
+        placeholders = ", ".join("?" for _ in domains)
+        cursor = self._write(
+            f"DELETE FROM overrides WHERE domain IN ({placeholders})",
+            tuple(str(domain) for domain in domains),
+        )
+        return cursor.rowcount
 
     # --- shedding pacing ----------------------------------------------------------------------
 

@@ -540,6 +540,7 @@ def test_domains_show_budgets_loads_and_conditions(shared):
         "condition": "ok",
         "reading_age_seconds": None,
         "held": None,
+        "override": None,
     }
     assert domains["rack/r3"]["condition"] == "hot"
     assert domains["rack/r3"]["reading_age_seconds"] == 12.0

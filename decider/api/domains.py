@@ -1,4 +1,4 @@
-"""/v1/domains: every domain, one domain with its nodes and reservations, holds."""
+"""/v1/domains: every domain, one domain with its nodes and reservations, holds, overrides."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from fastapi.responses import Response
 
 from decider.api.http import RequireToken, TokenFirstRoute, json_response, known_domain
 from decider.domains_json import domain_json
-from decider.models import HoldRequest
+from decider.models import HoldRequest, OverrideRequest
 from decider.placement import phases
 from decider.service import Service
 
@@ -67,5 +67,37 @@ def router(service: Service, require_token: RequireToken) -> APIRouter:
         ref = known_domain(service.state.view(), kind, name)
         service.state.release_hold(ref)
         return json_response(domain_json(service.state.view(), ref))
+
+    @routes.post(
+        "/v1/domains/{kind}/{name}/override",
+        dependencies=mutating,
+        summary="Clear a domain's condition (a sensor fault) for a while: read as ok until then",
+    )
+    def override(kind: str, name: str, body: OverrideRequest) -> Response:
+        ref = known_domain(service.state.view(), kind, name)
+        service.state.override(ref, body.reason, body.for_seconds, body.by)
+        return json_response(domain_json(service.state.view(), ref))
+
+    def end_override(kind: str, name: str) -> Response:
+        ref = known_domain(service.state.view(), kind, name)
+        service.state.end_override(ref)
+        return json_response(domain_json(service.state.view(), ref))
+
+    summary = "End a domain's override now (a domain with none is left as it is)"
+    routes.add_api_route(
+        "/v1/domains/{kind}/{name}/override/release",
+        end_override,
+        methods=["POST"],
+        dependencies=mutating,
+        summary=summary,
+    )
+    routes.add_api_route(
+        "/v1/domains/{kind}/{name}/override",
+        end_override,
+        methods=["DELETE"],
+        dependencies=mutating,
+        summary=summary,
+        operation_id="end_override_delete",
+    )
 
     return routes

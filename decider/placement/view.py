@@ -24,15 +24,16 @@ no fresh membership: each node refused by its last known domains) the cache star
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from decider import overrides as overrides_text
 from decider.facility import Domain, DomainRef, Facility
 from decider.giving_way import Pause, no_pause, paced
 from decider.placement.overlay import Layered
 from decider.snapshot import Condition, Snapshot
-from decider.store import Hold, Reservation
+from decider.store import Hold, Override, Reservation
 
 if TYPE_CHECKING:
     from decider.placement.phases import PhaseKey, PhaseState
@@ -143,6 +144,9 @@ class View:
     missing: tuple[str, ...]  # a sentence for each part that is not
     reservations: Mapping[str, Reservation]
     holds: Mapping[DomainRef, Hold]
+    #: The overrides in force when the view was made (decider.state): each clears its
+    #: domain's condition, read as `ok` (docs/decider.md, "Overrides").
+    overrides: Mapping[DomainRef, Override] = field(default_factory=dict)
 
     @property
     def mode(self) -> str:
@@ -240,6 +244,9 @@ class View:
         condition: Condition = "unknown"
         if "conditions" in self.fresh:
             condition = self.snapshot.conditions.get(ref, "unknown")
+            override = self.overrides.get(ref)
+            if override is not None and override.active(self.now) and condition != "unknown":
+                condition = "ok"
         age = self.snapshot.reading_ages.get(ref) if "ages" in self.fresh else None
         return DomainState.build(
             ref=ref,
@@ -529,7 +536,9 @@ class View:
 
     def all_missing(self) -> list[str]:
         """`missing` and `gaps`: everything an answer from this view should say it lacked."""
-        return [*self.missing, *self.gaps]
+        conditions = self.snapshot.conditions if "conditions" in self.fresh else {}
+        cleared = overrides_text.notes(self.overrides, conditions, self.now)
+        return [*self.missing, *self.gaps, *cleared]
 
     @cached_property
     def site_gpu_limit_watts(self) -> float | None:
