@@ -25,6 +25,8 @@ def domain_json(view: View, ref: DomainRef) -> dict[str, Any]:
         "measured_watts": domain.measured,
         "load_watts": round(domain.load, 1),
         "load_basis": domain.load_basis,
+        # room_watts: limit - load, what placement allows; headroom_watts: cap - load.
+        "room_watts": None if domain.room is None else round(domain.room, 1),
         "headroom_watts": None if domain.headroom is None else round(domain.headroom, 1),
         "condition": domain.condition,
         "reading_age_seconds": domain.reading_age,
@@ -66,6 +68,7 @@ def phases_json(view: View, ref: DomainRef) -> dict[str, Any]:
                 "reserved_watts": round(state.reserved, 1),
                 "load_watts": round(state.load, 1),
                 "load_basis": state.load_basis,
+                "room_watts": round(state.room, 1),
                 "headroom_watts": round(state.headroom, 1),
             }
             for state in phases.pdu_phases(view, ref.name)

@@ -360,11 +360,14 @@ def facility_table(decider: Decider, as_json: bool) -> int:
                     kw(entry.get("cap_watts")),
                     kw(entry.get("reserved_watts")),
                     kw(entry.get("measured_watts")),
+                    kw(entry.get("room_watts")),
                     kw(entry.get("headroom_watts")),
                     held["reason"] if held else "-",
                 ]
             )
             rows += phase_rows(entry)
+        # HEADROOM is what placement allows: limit - load, the limit being cap * (1 - margin).
+        # cap - load is what is left before the cap itself, named as such.
         headers = (
             "DOMAIN",
             "CONDITION",
@@ -372,16 +375,18 @@ def facility_table(decider: Decider, as_json: bool) -> int:
             "RESERVED kW",
             "MEASURED kW",
             "HEADROOM kW",
+            "CAP-LOAD kW",
             "HELD",
         )
-        for line in table(headers, rows, frozenset({2, 3, 4, 5})):
+        for line in table(headers, rows, frozenset({2, 3, 4, 5, 6})):
             print(line)
     print_missing(answer.get("missing", []))
     return 0
 
 
 def phase_rows(entry: dict[str, Any]) -> list[list[str]]:
-    """A three-phase pdu's phases under its row: cap, reserved, headroom; nothing measured."""
+    """A three-phase pdu's phases under its row: cap, reserved, headroom (limit - load) and
+    cap - load; nothing measured."""
     return [
         [
             f"  phase {phase['phase']}",
@@ -389,6 +394,7 @@ def phase_rows(entry: dict[str, Any]) -> list[list[str]]:
             kw(phase.get("cap_watts")),
             kw(phase.get("reserved_watts")),
             "-",
+            kw(phase.get("room_watts")),
             kw(phase.get("headroom_watts")),
             "",
         ]

@@ -536,6 +536,7 @@ def test_domains_show_budgets_loads_and_conditions(shared):
         "measured_watts": 3000.0,
         "load_watts": 3500.0,
         "load_basis": "measured",
+        "room_watts": 5500.0,
         "headroom_watts": 6500.0,
         "condition": "ok",
         "reading_age_seconds": None,
@@ -545,10 +546,12 @@ def test_domains_show_budgets_loads_and_conditions(shared):
     assert domains["rack/r3"]["condition"] == "hot"
     assert domains["rack/r3"]["reading_age_seconds"] == 12.0
     assert domains["rack/r4"]["headroom_watts"] == -1000.0
+    assert domains["rack/r4"]["room_watts"] == -1500.0  # past its limit, 4.5 kW, as well
     row = domains["row/1"]
-    assert (row["declared"], row["cap_watts"], row["limit_watts"], row["headroom_watts"]) == (
-        False, None, None, None,
-    )  # fmt: skip
+    assert (
+        row["declared"], row["cap_watts"], row["limit_watts"], row["room_watts"],
+        row["headroom_watts"],
+    ) == (False, None, None, None, None)  # fmt: skip
 
     one = shared.get("/v1/domains/rack/r1").json()
     assert one["nodes"] == ["a1", "a2"]

@@ -240,16 +240,18 @@ def test_facility_prints_the_domain_table_site_to_pdu(site, capsys):
     code, lines, err = run(capsys, "facility", "--decider", site.url)
     assert code == 0, err
     assert lines[:9] == [
-        "DOMAIN   CONDITION  CAP kW  RESERVED kW  MEASURED kW  HEADROOM kW  HELD",
-        "row/12   ok          100.0          8.0            -         91.0  -",
-        "rack/r1  ok           10.0          8.0            -          2.0  -",
-        "rack/r2  warm         10.0          0.0            -         10.0  -",
-        "rack/r3  hot          10.0          0.0            -         10.0  -",
-        "pdu/p1   unknown         -          8.0            -            -  -",
-        "pdu/p2   unknown         -          0.0            -            -  -",
-        "pdu/p3   unknown         -          0.0            -            -  -",
+        "DOMAIN   CONDITION  CAP kW  RESERVED kW  MEASURED kW  HEADROOM kW  CAP-LOAD kW  HELD",
+        "row/12   ok          100.0          8.0            -         81.0         91.0  -",
+        "rack/r1  ok           10.0          8.0            -          1.0          2.0  -",
+        "rack/r2  warm         10.0          0.0            -          9.0         10.0  -",
+        "rack/r3  hot          10.0          0.0            -          9.0         10.0  -",
+        "pdu/p1   unknown         -          8.0            -            -            -  -",
+        "pdu/p2   unknown         -          0.0            -            -            -  -",
+        "pdu/p3   unknown         -          0.0            -            -            -  -",
         "missing:",
     ]
+    # HEADROOM is the room placement allows: the limit (cap less the 10 % margin) less the
+    # load (row 12: 8 kW reserved + 1 kW other_watts); CAP-LOAD the cap less the load.
     notes = lines[9:]
     assert any(
         note.startswith("  - domain measured power (llmgw_domain_measured_watts)") for note in notes
@@ -366,8 +368,8 @@ def test_hold_refuses_the_racks_nodes_until_released(site, capsys):
     try:
         _, lines, _ = run(capsys, "facility", "--decider", site.url)
         assert (
-            "rack/r2  warm         10.0          0.0            -         10.0  cooling work"
-            in lines
+            "rack/r2  warm         10.0          0.0            -          9.0         10.0  "
+            "cooling work" in lines
         )
         _, lines, _ = run(
             capsys,

@@ -609,6 +609,7 @@ def test_the_api_shows_each_phase(service: Decider) -> None:
             "reserved_watts": 0,
             "load_watts": 0,
             "load_basis": "reserved",
+            "room_watts": 3_600,
             "headroom_watts": 4_000,
         },
         {
@@ -620,6 +621,7 @@ def test_the_api_shows_each_phase(service: Decider) -> None:
             "reserved_watts": 4_100,
             "load_watts": 4_100,
             "load_basis": "reserved",
+            "room_watts": 40,
             "headroom_watts": 500,
         },
         {
@@ -631,6 +633,7 @@ def test_the_api_shows_each_phase(service: Decider) -> None:
             "reserved_watts": 0,
             "load_watts": 500,
             "load_basis": "reserved",
+            "room_watts": 3_100,
             "headroom_watts": 3_500,
         },
     ]
@@ -679,12 +682,13 @@ def test_the_cli_tables_show_each_phase(
     assert main(["facility", "--decider", service.url]) == 0
     lines = capsys.readouterr().out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("pdu/p1 "))
-    # cap, reserved, measured, headroom: L2 4.6 − 4.1 = 0.5; L3 4.0 − other 0.5 = 3.5
+    # cap, reserved, measured, headroom (limit − load), cap − load: L2 4.14 − 4.1 = 0.04 and
+    # 4.6 − 4.1 = 0.5; L3 3.6 − other 0.5 = 3.1 and 4.0 − 0.5 = 3.5
     assert lines[start : start + 4] == [
-        "pdu/p1      unknown      16.0          4.1            -         11.9  -",
-        "  phase L1                4.0          0.0            -          4.0",
-        "  phase L2                4.6          4.1            -          0.5",
-        "  phase L3                4.0          0.0            -          3.5",
+        "pdu/p1      unknown      16.0          4.1            -         10.3         11.9  -",
+        "  phase L1                4.0          0.0            -          3.6          4.0",
+        "  phase L2                4.6          4.1            -          0.0          0.5",
+        "  phase L3                4.0          0.0            -          3.1          3.5",
     ]
     assert main(["headroom", "--profile", "tp1", "--decider", service.url]) == 0
     lines = capsys.readouterr().out.splitlines()

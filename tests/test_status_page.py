@@ -5,6 +5,7 @@ Chromium built and saves a screenshot."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import time
@@ -199,6 +200,38 @@ def test_every_rack_is_summarised_with_its_figures(page):
             assert f"{rack['cap_watts'] / 1000:.1f}" in text, text
     # headroom as a bar: a width in per cent of the cap
     assert 'class="bar"' in page["dom"] and 'style="width:' in page["dom"]
+
+
+def _cells(dom: str, ident: str) -> dict[str, float | None]:
+    """The kW cells of the row with this id that carry a class (room, cap-less-load), as
+    numbers; None for "-"."""
+    row = dom.split(f'id="{ident}"', 1)[1].split("</tr>", 1)[0]
+    cells = re.findall(r'<td(?: class="([^"]*)")?>([^<]*)</td>', row)
+
+    def number(text: str) -> float | None:
+        return None if text.strip() == "-" else float(text)
+
+    return {name: number(text) for name, text in cells if name in ("room", "cap-less-load")}
+
+
+def test_headroom_is_what_placement_allows_and_cap_less_load_is_named(page):
+    """HEADROOM is the limit less the load (the room placement allows); the cap less the load
+    is its own column, named so. The two differ by the margin, cap − limit (/v1/domains),
+    whatever the load was when the page was drawn (each figure rounded to 0.1 kW)."""
+    dom = page["dom"]
+    assert "<th>cap − load kW</th>" in dom
+    budgeted = {
+        ref.split("/", 1)[1]: d
+        for ref, d in page["domains"].items()
+        if ref.startswith("rack/") and d["cap_watts"]
+    }
+    assert budgeted
+    for name, rack in budgeted.items():
+        cells = _cells(dom, f"rack-{name}")
+        assert cells["room"] is not None and cells["cap-less-load"] is not None, (name, cells)
+        margin_kw = (rack["cap_watts"] - rack["limit_watts"]) / 1000
+        assert margin_kw > 0, rack
+        assert abs(cells["cap-less-load"] - cells["room"] - margin_kw) <= 0.11, (name, cells)
 
 
 def test_a_hot_rack_is_shown_hot(page):
