@@ -103,6 +103,17 @@ class DomainCollector(Collector):
         held = GaugeMetricFamily(
             "llmgw_domain_held", "1 while the facility team holds the domain.", labels=labels
         )
+        overridden = GaugeMetricFamily(
+            "llmgw_domain_condition_overridden",
+            "1 while the facility team overrides the domain's condition (a sensor fault: "
+            "placement reads it as ok until the override expires).",
+            labels=labels,
+        )
+        override_ends = GaugeMetricFamily(
+            "llmgw_domain_condition_override_expiry_timestamp_seconds",
+            "When the override of the domain's condition ends (absent: none in force).",
+            labels=labels,
+        )
         for ref in sorted(view.domain_refs):
             domain = view.domain(ref)
             values = [ref.kind, ref.name]
@@ -112,7 +123,12 @@ class DomainCollector(Collector):
             reserved.add_metric(values, domain.reserved)
             load.add_metric(values, domain.load)
             held.add_metric(values, 1.0 if domain.held else 0.0)
-        yield from (budget, reserved, load, headroom, held)
+            override = view.overrides.get(ref)
+            active = override is not None and override.active(view.now)
+            overridden.add_metric(values, 1.0 if active else 0.0)
+            if override is not None and active:
+                override_ends.add_metric(values, override.expires_at)
+        yield from (budget, reserved, load, headroom, held, overridden, override_ends)
         if view.phased_pdus:
             yield from phase_families(view)
 

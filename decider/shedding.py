@@ -321,7 +321,12 @@ def _plan(view: View, now: float, pacing: Mapping[DomainRef, Proposal]) -> Plan:
     if missing:
         return Plan(True, [], missing + list(view.missing))
     hot = sorted(
-        (ref for ref, condition in view.snapshot.conditions.items() if condition == "hot"),
+        (
+            ref
+            for ref, condition in view.snapshot.conditions.items()
+            # An overridden domain (docs/decider.md, "Overrides") reads ok: nothing to shed.
+            if condition == "hot" and view.domain(ref).condition == "hot"
+        ),
         key=lambda ref: (KIND_ORDER.get(ref.kind, 9), ref.name),
     )
     seconds = view.snapshot.hot_seconds

@@ -1,9 +1,10 @@
 """`llmgw-facility`: the operator CLI. It checks configuration files, renders the site's
 recording rules from the facility file, and talks to a running decider over its HTTP API
-(docs/decider.md): the domain table, holds, a placement explained, headroom per profile.
+(docs/decider.md): the domain table, holds, overrides, a placement explained, headroom per
+profile.
 
 The decider is found at `--decider URL`, else $LLMGW_DECIDER_URL, else
-http://127.0.0.1:9851; mutating calls (hold, release) send the bearer token read from
+http://127.0.0.1:9851; mutating calls (hold, release, override) send the bearer token read from
 `--token-file`, else $LLMGW_DECIDER_TOKEN_FILE. Exit status: 0 done; 1 the decider
 answered with an error (its detail is printed); 2 bad usage or a bad local file; 3 the
 decider could not be reached or did not answer in time.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -380,6 +382,9 @@ def facility_table(decider: Decider, as_json: bool) -> int:
         )
         for line in table(headers, rows, frozenset({2, 3, 4, 5, 6})):
             print(line)
+        for entry in domains:  # each override in force, with what the rules say
+            if entry.get("override"):
+                print(f"{entry['kind']}/{entry['domain']}: {entry['override']['text']}")
     print_missing(answer.get("missing", []))
     return 0
 
@@ -418,6 +423,48 @@ def release(decider: Decider, ref: DomainRef) -> int:
         return 0
     decider.call("POST", f"{domain_path(ref)}/release", mutating=True)
     print(f"released {ref} (it was held: {before['held']['reason']})")
+    return 0
+
+
+#: An override's length on the command line: a number and s, m, h or d (`--for 2h`).
+_OVERRIDE_FOR = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
+_OVERRIDE_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+#: An override lasts a minute to seven days (docs/decider.md, "Overrides"; the decider
+#: checks it again).
+OVERRIDE_FOR_S = (60.0, 7 * 86400.0)
+
+
+def override_for(text: str) -> float:
+    """`90s`, `30m`, `2h`, `1d` as seconds, within OVERRIDE_FOR_S."""
+    match = _OVERRIDE_FOR.match(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 30m, 2h or 1d")
+    seconds = float(match.group(1)) * _OVERRIDE_UNIT_S[match.group(2)]
+    shortest, longest = OVERRIDE_FOR_S
+    if not shortest <= seconds <= longest:
+        raise argparse.ArgumentTypeError(f"{text!r}: an override lasts 1m to 7d")
+    return seconds
+
+
+def override(decider: Decider, ref: DomainRef, args: argparse.Namespace) -> int:
+    """Clear a domain's condition known to be a sensor fault (`--for`, `--reason`), or end
+    its override (`--end`)."""
+    if args.end:
+        before = decider.call("GET", domain_path(ref))
+        if not before.get("override"):
+            print(f"{ref} has no override; nothing to end")
+            return 0
+        decider.call("POST", f"{domain_path(ref)}/override/release", mutating=True)
+        print(f"ended the override of {ref} ({before['override']['text']})")
+        print(f"its condition is now the rules' own: {before['override']['condition']}")
+        return 0
+    body: dict[str, Any] = {"reason": args.reason, "for_seconds": args.for_seconds}
+    if args.by is not None:
+        body["by"] = args.by
+    answer = decider.call("POST", f"{domain_path(ref)}/override", body=body, mutating=True)
+    shown = answer.get("override") or {}
+    print(f"overrode {ref}: {shown.get('text', args.reason)}")
+    print(f"placement reads it as {answer.get('condition', 'ok')} until then")
     return 0
 
 
@@ -646,6 +693,10 @@ def call_decider(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
             return hold(decider, args.domain, args.reason)
         if args.command == "release":
             return release(decider, args.domain)
+        if args.command == "override":
+            if not args.end and (args.for_seconds is None or args.reason is None):
+                parser.error("override: give --for and --reason, or --end")
+            return override(decider, args.domain, args)
         if args.command == "explain-placement":
             return explain_placement(decider, args)
         if args.command == "profiles":
@@ -763,6 +814,25 @@ def build_parser() -> argparse.ArgumentParser:
         description="POST /v1/domains/{kind}/{name}/release (needs the token).",
     )
     release_parser.add_argument("domain", type=parse_domain, metavar="DOMAIN", help=domain_help)
+    override_parser = commands.add_parser(
+        "override",
+        parents=[api],
+        help="clear a domain's condition known to be a sensor fault, for a while",
+        description="POST /v1/domains/{kind}/{name}/override (needs the token): placement "
+        "reads the domain as ok until the override ends (--for, 1m to 7d) or --end ends it "
+        "(POST …/override/release).",
+    )
+    override_parser.add_argument("domain", type=parse_domain, metavar="DOMAIN", help=domain_help)
+    override_parser.add_argument(
+        "--for",
+        dest="for_seconds",
+        type=override_for,
+        metavar="DURATION",
+        help="how long: 30m, 2h, 1d (1m to 7d)",
+    )
+    override_parser.add_argument("--reason", help="why, shown with the override")
+    override_parser.add_argument("--by", help="who sets it (default: ops)")
+    override_parser.add_argument("--end", action="store_true", help="end the override now")
     explain = commands.add_parser(
         "explain-placement",
         parents=[api, raw],

@@ -178,6 +178,9 @@ SERVER_TESTS: dict[str, frozenset[str] | None] = {
     "test_energy_victoriametrics.py": None,
     "test_exporter_e2e.py": None,
     "test_exporter_page.py": None,
+    "test_overrides.py": frozenset(
+        {"test_an_override_through_the_cli_is_kept_across_a_restart_and_ended"}
+    ),
     "test_phases.py": frozenset({"service"}),
     "test_power_capping.py": frozenset({"test_the_api_shows_the_recommendations"}),
     "test_profiles.py": frozenset({"running"}),
