@@ -74,6 +74,8 @@ class Readings:
     """The node's readings as the page shows them, each list in a stable order."""
 
     gpus: list[GpuReading]
+    #: The CPU models /proc/cpuinfo names (the decider's CPU profiles are keyed on them).
+    cpu_models: list[str]
     #: (chip, sensor, °C) for CPU temperatures and inlet sensors.
     cpu_temperatures: list[tuple[str, str, float]]
     #: (package, CPU watts or None, DRAM watts or None).
@@ -87,6 +89,7 @@ class Readings:
 def readings(samples: Iterable[Sample]) -> Readings:
     """The page's figures from the samples `/metrics` serves (exporter.collector)."""
     gpus: dict[str, GpuReading] = {}
+    cpu_models: list[str] = []
     cpu_temperatures: list[tuple[str, str, float]] = []
     inlets: list[tuple[str, str, float]] = []
     packages: dict[str, list[float | None]] = {}
@@ -110,6 +113,8 @@ def readings(samples: Iterable[Sample]) -> Readings:
             elif metric == "llmgw_gpu_throttled" and sample.value == 1:
                 gpu.throttled.append(labels.get("reason", ""))
                 gpu.thermal = gpu.thermal or labels.get("reason") in THERMAL_REASONS
+        elif metric == "llmgw_node_cpu_info":
+            cpu_models.append(labels.get("model", ""))
         elif metric == "llmgw_node_cpu_temperature_celsius":
             cpu_temperatures.append(
                 (labels.get("chip", ""), labels.get("sensor", ""), sample.value)
@@ -129,6 +134,7 @@ def readings(samples: Iterable[Sample]) -> Readings:
         gpu.throttled.sort()
     return Readings(
         gpus=sorted(gpus.values(), key=lambda g: (len(g.index), g.index)),
+        cpu_models=sorted(cpu_models),
         cpu_temperatures=sorted(cpu_temperatures),
         cpu_power=[(name, cpu, dram) for name, (cpu, dram) in sorted(packages.items())],
         inlets=sorted(inlets),
@@ -179,6 +185,7 @@ Readings as <a href="/metrics">/metrics</a> serves them now.</p>
 {% else %}<p class="muted">No GPU readings.</p>{% endif %}
 
 <h2 id="cpus">CPUs</h2>
+<p id="cpu-model">Model: {{ r.cpu_models | join("; ") if r.cpu_models else "not known" }}</p>
 {% if r.cpu_temperatures %}<table>
 <tr><th>sensor</th><th>temperature</th></tr>
 {% for chip, sensor, value in r.cpu_temperatures %}<tr class="cpu-temperature">

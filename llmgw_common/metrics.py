@@ -102,6 +102,13 @@ _SPECS = [
         "gauge",
         "Power draw of the node's GPUs together (the sum of llmgw_gpu_power_watts).",
     ),
+    # cpuinfo
+    MetricSpec(
+        "llmgw_node_cpu_info",
+        "gauge",
+        "One series per CPU model on the node (/proc/cpuinfo); always 1.",
+        ("model",),
+    ),
     # hwmon
     MetricSpec(
         "llmgw_node_cpu_temperature_celsius",

@@ -258,6 +258,11 @@ class NodeRenderer:
             f"{prefix}{_milli(value)}\n"
             for prefix, value in zip(dram_power, node.dram_power, strict=True)
         ]
+        if place.cpu_model.product_name is not None:
+            families["llmgw_node_cpu_info"] = (
+                f"{series('llmgw_node_cpu_info', model=place.cpu_model.product_name, node=name)}"
+                "1.0\n"
+            )
         families["llmgw_node_info"] = (
             series(
                 "llmgw_node_info",

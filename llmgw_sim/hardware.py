@@ -67,6 +67,9 @@ class GpuModel(_Model):
 class CpuModel(_Model):
     """One CPU package (a socket) and the DRAM on it."""
 
+    product_name: str | None = Field(None, min_length=1)
+    """/proc/cpuinfo's `model name`: the `model` label of `llmgw_node_cpu_info`; None: the
+    node publishes none, and the decider keeps its default watts per core."""
     tdp_watts: float = Field(gt=0)
     idle_watts: float = Field(ge=0)
     die_offset_celsius: float = Field(ge=0, le=100)
@@ -111,9 +114,11 @@ GPU_MODELS: dict[str, GpuModel] = {
 }
 
 CPU_MODELS: dict[str, CpuModel] = {
-    # Intel Xeon Platinum 8480+: 350 W TDP (Intel ARK). Idle power, the thermal line and
-    # the DRAM figures (8 DDR5 RDIMMs a socket) are assumed.
+    # Intel Xeon Platinum 8480+: 350 W TDP (Intel ARK); its `model name` as Linux prints
+    # it. Idle power, the thermal line and the DRAM figures (8 DDR5 RDIMMs a socket) are
+    # assumed.
     "xeon-8480": CpuModel(
+        product_name="Intel(R) Xeon(R) Platinum 8480+",
         tdp_watts=350.0,
         idle_watts=100.0,
         die_offset_celsius=10.0,

@@ -48,6 +48,7 @@ def free_port() -> int:
 def node(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("node")
     extract(SHARED / "node_exporter" / "sys.ttar", root)
+    extract(SHARED / "procfs" / "fixtures.ttar", root / "procfs")  # its /proc/cpuinfo
     nvml_config = json.loads((HERE / "fixtures" / "nvml" / "h100.json").read_text())
     (root / "nvml.json").write_text(json.dumps(nvml_config))
     agent = root / "agent.yaml"
@@ -61,6 +62,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         f"  gpu: {{interval: 1s, library: {ensure_built()}}}\n"
         "  hwmon: {interval: 1s}\n"
         "  rapl: {interval: 1s}\n"
+        f"  cpuinfo: {{procfs: {root / 'procfs' / 'fixtures' / 'proc'}}}\n"
     )
     return {"sysfs": root / "sys", "agent": agent, "nvml": root / "nvml.json"}
 

@@ -80,6 +80,12 @@ def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     sysfs = root / "sys"
     inlet_chip(sysfs, 24_500)
     acpi_meter(sysfs, 30, 1_431_000_000, None)  # 1431 W, the GPUs included
+    (root / "proc").mkdir()
+    (root / "proc" / "cpuinfo").write_text(
+        "".join(
+            f"processor\t: {n}\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n\n" for n in range(4)
+        )
+    )
     nvml = root / "nvml.json"
     nvml.write_text(
         json.dumps(
@@ -107,6 +113,7 @@ def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "  rapl: {interval: 1s}\n"
         "  hwmon_power: {interval: 1s}\n"
         "  cray: {enabled: false}\n"
+        f"  cpuinfo: {{procfs: {root / 'proc'}}}\n"
     )
     port = free_port()
     log = root / "exporter.log"
@@ -216,7 +223,8 @@ def test_each_gpu_shows_temperature_power_limit_and_throttling(page):
 
 
 def test_cpus_inlet_and_node_power_are_shown(page):
-    _, rows = page
+    text, rows = page
+    assert '<p id="cpu-model">Model: Intel(R) Xeon(R) Platinum 8480+</p>' in text
     # node_exporter's tree: coretemp on two sockets at 55 °C
     assert ["platform_coretemp_0 Physical id 0", "55 °C"] in rows.rows["cpu-temperature"]
     assert ["platform_coretemp_1 Physical id 0", "55 °C"] in rows.rows["cpu-temperature"]

@@ -61,6 +61,8 @@ def test_series_follow_the_metrics_contract(bench):
         "llmgw_exporter_source_deadline_seconds",
         "llmgw_exporter_source_abandoned_polls_total",
         "llmgw_exporter_energy_resets_total",
+        # The CPU model: no rule reads it (the decider queries it itself, for CPU profiles).
+        "llmgw_node_cpu_info",
     }
     assert set(seen) == set(METRICS) - not_simulated
     body = bench.exposition(node, 1.8e9, random.Random(1), 0.0)

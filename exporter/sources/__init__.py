@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from exporter.sources.base import Source
+from exporter.sources.cpuinfo import CpuInfoSource
 from exporter.sources.cray import CraySource
 from exporter.sources.gpu import GpuSource
 from exporter.sources.hwmon import HwmonSource
@@ -23,5 +24,6 @@ SOURCES: dict[str, type[Source]] = {
         RedfishSource,
         CraySource,
         HwmonPowerSource,
+        CpuInfoSource,
     )
 }
