@@ -21,7 +21,7 @@ from typing import Any, cast
 from decider.facility import KINDS, DomainRef, Kind
 from decider.giving_way import Pause, no_pause, paced
 from decider.prometheus_reader import QueryError
-from decider.snapshot import Condition, ProfileFigures
+from decider.snapshot import EVIDENCE_FIGURES, Condition, Evidence, ProfileFigures
 
 #: A domain showing two conditions at once (two rulers, or a state set read half written
 #: where a ruler's write is no transaction: vmalert, docs/rules.md)
@@ -220,7 +220,34 @@ def parse_part(part: str, samples: list[Sample], dropped: Dropped, pause: Pause 
         return _per_node(samples, dropped, CHECKS[part])
     if part == "profiles":
         return _profiles(samples, dropped)
+    if part == "evidence":
+        return _evidence(samples, dropped)
     raise AssertionError(f"no parser for part {part!r}")
+
+
+#: Evidence figures that may be below zero: a temperature (a threshold set low, a cold aisle).
+_SIGNED_EVIDENCE = frozenset({"inlet_celsius", "inlet_warm_celsius", "inlet_hot_celsius"})
+
+
+def _evidence(samples: list[Sample], dropped: Dropped) -> dict[DomainRef, Evidence]:
+    """Domain → its Evidence, from series labelled {kind, domain, figure}; a series with an
+    unknown figure, or a count, share or duration below zero, is left out alone. Two series
+    of one figure (two rulers) keep the larger."""
+    figures: dict[DomainRef, dict[str, float]] = {}
+    for sample in samples:
+        figure = sample.labels.get("figure", "")
+        if figure not in EVIDENCE_FIGURES:
+            dropped.add(sample, f"figure {figure!r} is not an evidence figure")
+            continue
+        if figure not in _SIGNED_EVIDENCE and (why := _not_negative(sample.value)) is not None:
+            dropped.add(sample, why)
+            continue
+        domain = _domain(sample, dropped)
+        if domain is None:
+            continue
+        found = figures.setdefault(domain, {})
+        found[figure] = max(sample.value, found.get(figure, sample.value))
+    return {domain: Evidence(**found) for domain, found in figures.items()}
 
 
 PROFILE_FIGURES = ("tokens_per_joule", "tokens_per_second", "watts", "units")

@@ -94,6 +94,40 @@ QUERIES: dict[str, str] = {
     "hot": "time() - max_over_time(timestamp(llmgw_domain_condition{{condition='hot'}} != 1)"
     "[{hot_lookback}:{hot_step}]) or on (kind, domain) time() - min_over_time(timestamp("
     "llmgw_domain_condition{{condition='hot'}})[{hot_lookback}:{hot_step}])",
+    # What each warm or hot domain's condition rests on (rules/domain.yml, rules/conditions.yml),
+    # one series per figure told apart by a `figure` label (decider.snapshot.Evidence): a
+    # rack's own inlet, GPUs and thresholds, a parent's site signals and share of racks hot, a
+    # cooling alarm about any of them; and how long it has been warm or hot, as the `hot`
+    # part reads how long hot. Only for domains warm or hot now: what a refusal or a
+    # down-score names. (The cooling alarm first: an error names the query's beginning.)
+    "evidence": "("
+    + " or ".join(
+        f'label_replace(max by (kind, domain) (last_over_time({series}[{{window}}])), "figure", '
+        f'"{figure}", "", "")'
+        for figure, series in (
+            ("cooling_alarm", "llmgw:domain_cooling_alarm"),
+            ("inlet_celsius", 'llmgw_domain_inlet_temperature_celsius{{kind="rack"}}'),
+            ("inlet_celsius", 'llmgw:domain_site_inlet_temperature_celsius{{kind!="rack"}}'),
+            ("gpus", 'llmgw:domain_gpus:count{{kind="rack"}}'),
+            (
+                "gpus_thermally_throttled",
+                'llmgw:domain_gpus_thermally_throttled:count{{kind="rack"}}',
+            ),
+            ("gpus_near_slowdown", 'llmgw:domain_gpus_near_slowdown:count{{kind="rack"}}'),
+            ("racks_hot_ratio", "llmgw:domain_racks_hot:ratio"),
+            ("racks_warm_ratio", "llmgw:domain_racks_warm:ratio"),
+        )
+    )
+    + " or max by (kind, domain, figure) (label_replace(last_over_time(llmgw:domain_threshold:value"
+    '{{threshold=~"inlet_warm_celsius|inlet_hot_celsius|throttled_hot_ratio|racks_hot_share|'
+    'racks_warm_share"}}[{window}]), "figure", "$1", "threshold", "(.+)"))'
+    " or label_replace(time() - max_over_time(timestamp(sum by (kind, domain) ("
+    'llmgw_domain_condition{{condition=~"warm|hot"}}) != 1)[{hot_lookback}:{hot_step}]) or on '
+    "(kind, domain) time() - min_over_time(timestamp(sum by (kind, domain) ("
+    'llmgw_domain_condition{{condition=~"warm|hot"}}))[{hot_lookback}:{hot_step}]), "figure", '
+    '"warm_seconds", "", "")'
+    ') and on (kind, domain) (last_over_time(llmgw_domain_condition{{condition=~"warm|hot"}}'
+    "[{window}]) == 1)",
 }
 assert QUERIES.keys() == PARTS.keys(), "one query per snapshot part"
 
@@ -187,6 +221,7 @@ def _previous_data(previous: Snapshot, part: str) -> Any:
         "limits": previous.gpu_limit_watts,
         "profiles": previous.profiles,
         "hot": previous.hot_seconds,
+        "evidence": previous.evidence,
     }[part]
 
 
@@ -290,6 +325,7 @@ def refresh(
         gpu_limit_watts=MappingProxyType(dict(data["limits"])),
         profiles=MappingProxyType(dict(data["profiles"])),
         hot_seconds=MappingProxyType(dict(data["hot"])),
+        evidence=MappingProxyType(dict(data["evidence"])),
         parts=MappingProxyType(parts),
         prometheus_up=not any(isinstance(outcome, QueryError) for outcome in outcomes.values()),
     )

@@ -30,6 +30,9 @@ PARTS: dict[str, str] = {
     "profiles": "measured tokens per joule per model and profile "
     "(llmgw:model_profile_tokens_per_joule:ratio5m)",
     "hot": "how long each hot domain has been hot (llmgw_domain_condition, for shedding)",
+    "evidence": "what each domain's condition rests on: inlet and thresholds, cooling alarm, "
+    "throttled GPUs, racks hot, how long warm (llmgw_domain_inlet_temperature_celsius and "
+    "others)",
 }
 #: Parts that describe the site's layout and hardware: they change rarely and stay usable
 #: for `staleness.inventory`; the others are readings, usable for `staleness.readings`.
@@ -69,6 +72,34 @@ class ProfileFigures:
     read_at: float
 
 
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What one domain's condition rests on, as the rules publish it (rules/domain.yml,
+    rules/conditions.yml; docs/rules.md): each figure None where Prometheus has none.
+    decider.placement.evidence turns it into the words of a refusal."""
+
+    #: The rack's inlet (its hottest node's, or the site's rack signal), or a row's, room's,
+    #: site's or pdu's own site inlet signal; never a parent's hottest node.
+    inlet_celsius: float | None = None
+    inlet_warm_celsius: float | None = None  # the domain's thresholds
+    inlet_hot_celsius: float | None = None
+    cooling_alarm: float | None = None  # 1 while a cooling unit about the domain is in alarm
+    gpus: float | None = None  # a rack's GPUs
+    gpus_thermally_throttled: float | None = None
+    gpus_near_slowdown: float | None = None
+    throttled_hot_ratio: float | None = None  # threshold: a share of the rack's GPUs
+    racks_hot_ratio: float | None = None  # a row's, room's or site's share of racks hot
+    racks_warm_ratio: float | None = None  # … warm or hot
+    racks_hot_share: float | None = None  # thresholds: hot above, warm above
+    racks_warm_share: float | None = None
+    #: Seconds the domain has been warm or hot without a break (at most the lookback).
+    warm_seconds: float | None = None
+
+
+#: The figures of Evidence, as the evidence query's `figure` label names them.
+EVIDENCE_FIGURES = frozenset(Evidence.__slots__)
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Everything read from Prometheus. Mappings are read-only; a refresh builds a new one.
@@ -80,6 +111,7 @@ class Snapshot:
       GPU power limit.
     - `profiles`: (model, profile) → its measured figures, fresh or remembered.
     - `hot_seconds`: per domain hot now, how long it has been hot (decider.shedding).
+    - `evidence`: per domain, the figures its condition rests on (decider.placement.evidence).
     - `parts`: per part of PARTS, when it was last read and the last error.
     """
 
@@ -94,6 +126,7 @@ class Snapshot:
     #: Seconds each domain hot now has been hot without a break (decider.shedding), at most
     #: the query's lookback.
     hot_seconds: Mapping[DomainRef, float] = field(default_factory=_empty)
+    evidence: Mapping[DomainRef, Evidence] = field(default_factory=_empty)
     parts: Mapping[str, Part] = field(default_factory=lambda: {name: Part() for name in PARTS})
     #: Whether the last refresh reached Prometheus and every query succeeded.
     prometheus_up: bool = False

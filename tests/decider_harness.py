@@ -3,15 +3,16 @@
 - `FakePrometheus` serves `/api/v1/query` on a loopback port from a thread. It answers each
   of the decider's queries (decider/refresher.py `QUERIES`, matched on the series name
   inside the query) from `Readings`: membership, inventory, measured power, conditions,
-  reading ages, GPU counts, GPU power limits, profiles' measured figures and how long hot
-  domains have been hot. A test changes the readings at any time, and can switch the whole
-  server, or one part's query, to misbehave: `down` (nothing listens on the port), `slow`
-  (answers after `slow_s`), `garbage` (200 with a body that is not JSON), `error` (HTTP 500),
-  `held` (no answer until `release()`), `trickle` (200 and its headers at once, then one
-  byte of the body every `trickle_s`, never the whole of it). `extra_series` adds raw series
-  (a value such as "NaN") to a part's answer; `require_authorization` answers 401 to any
-  other Authorization header, and `tls` serves HTTPS. Its error answers quote the
-  Authorization header they were sent, as a careless proxy might: a test of redaction.
+  reading ages, GPU counts, GPU power limits, profiles' measured figures, how long hot
+  domains have been hot and what each condition rests on (evidence). A test changes the
+  readings at any time, and can switch the whole server, or one part's query, to misbehave:
+  `down` (nothing listens on the port), `slow` (answers after `slow_s`), `garbage` (200 with
+  a body that is not JSON), `error` (HTTP 500), `held` (no answer until `release()`),
+  `trickle` (200 and its headers at once, then one byte of the body every `trickle_s`, never
+  the whole of it). `extra_series` adds raw series (a value such as "NaN") to a part's
+  answer; `require_authorization` answers 401 to any other Authorization header, and `tls`
+  serves HTTPS. Its error answers quote the Authorization header they were sent, as a
+  careless proxy might: a test of redaction.
 - `Decider` writes decider.yaml, facility.yaml and a token file into a directory, starts
   `python -m decider.main --config decider.yaml` as a subprocess on a free port, waits for
   `/healthz` (and, on request, for a snapshot matching a predicate), and stops it: SIGTERM,
@@ -63,6 +64,7 @@ SERIES: dict[str, str] = {
     "limits": "llmgw_gpu_power_limit_watts",
     "profiles": "llmgw:model_profile_tokens_per_joule:ratio5m",
     "hot": "llmgw_domain_condition{condition='hot'} != 1)",  # its subquery's first
+    "evidence": "llmgw:domain_cooling_alarm",  # one of its figures' series
 }
 
 BEHAVIOURS = ("ok", "down", "slow", "garbage", "error", "held", "trickle")
@@ -105,6 +107,8 @@ class Readings:
     #: (model, profile) → {figure: value}: tokens_per_joule, tokens_per_second, watts, units
     profiles: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     hot: dict[str, float] = field(default_factory=dict)  # domain → seconds hot (shedding)
+    #: domain → {figure: value} (decider.snapshot.Evidence: inlet_celsius, warm_seconds, …)
+    evidence: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def series(self, part: str) -> list[tuple[dict[str, str], str]]:
         """The instant vector of one part's query."""
@@ -127,6 +131,12 @@ class Readings:
         if part in ("gpus", "limits"):
             values = getattr(self, part)
             return [({"node": node}, repr(float(v))) for node, v in values.items()]
+        if part == "evidence":
+            return [
+                ({**_domain_labels(key), "figure": figure}, repr(float(v)))
+                for key, figures in self.evidence.items()
+                for figure, v in figures.items()
+            ]
         if part == "profiles":
             return [
                 ({"model": model, "profile": profile, "figure": figure}, repr(float(v)))

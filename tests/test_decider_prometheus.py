@@ -65,6 +65,7 @@ SERIES = {
     "limits": "llmgw_gpu_power_limit_watts",
     "profiles": "llmgw:model_profile_tokens_per_joule:ratio5m",
     "hot": "llmgw_domain_condition{condition='hot'} != 1)",  # its subquery's first
+    "evidence": "llmgw:domain_cooling_alarm",  # one of its figures' series
 }
 
 
@@ -254,6 +255,7 @@ def good_answers(watts: float = 5400.0) -> dict[str, Reply]:
             (profile("", "", "tokens_per_joule"), "1.5"),  # units with no model: nobody's profile
         ),
         SERIES["hot"]: vector((domain("rack", "r1"), "630")),  # hot for 10.5 minutes
+        SERIES["evidence"]: vector(({**domain("rack", "r1"), "figure": "inlet_celsius"}, "33.1")),
     }
 
 
@@ -296,7 +298,7 @@ def good_baseline(fake: FakePrometheus, reader: PrometheusReader) -> Snapshot:
 
 def same_data(snapshot: Snapshot, other: Snapshot) -> bool:
     names = ("membership", "domains", "measured_watts", "conditions", "reading_ages")
-    names += ("node_gpus", "gpu_limit_watts", "profiles", "hot_seconds")
+    names += ("node_gpus", "gpu_limit_watts", "profiles", "hot_seconds", "evidence")
     return all(getattr(snapshot, name) == getattr(other, name) for name in names)
 
 
