@@ -1,5 +1,6 @@
-"""A domain as the API's answers and the status page show it: budget, load, condition, hold,
-override, and a three-phase pdu's phases. Below both, so that the service never imports the API."""
+"""A domain as the API's answers and the status page show it: budget, load, condition and
+its evidence, hold, override, and a three-phase pdu's phases. Below both, so that the
+service never imports the API."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from typing import Any
 
 from decider import overrides
 from decider.facility import DomainRef
+from decider.placement import evidence as thermal_evidence
 from decider.placement import phases
 from decider.placement.view import View
+from decider.snapshot import Condition
 
 
 def domain_json(view: View, ref: DomainRef) -> dict[str, Any]:
@@ -32,7 +35,18 @@ def domain_json(view: View, ref: DomainRef) -> dict[str, Any]:
         "reading_age_seconds": domain.reading_age,
         "held": None if held is None else {"reason": held.reason, "since": held.held_at},
         "override": override_json(view, ref),
+        "evidence": evidence_words(view, ref, domain.condition),
     } | phases_json(view, ref)
+
+
+def evidence_words(view: View, ref: DomainRef, condition: Condition) -> str | None:
+    """What holds a warm or hot domain there, with its figures and for how long
+    (decider.placement.evidence); None for any other, or without the evidence part."""
+    if condition not in ("warm", "hot"):
+        return None
+    found = view.snapshot.evidence.get(ref) if "evidence" in view.fresh else None
+    hot_seconds = view.snapshot.hot_seconds.get(ref) if "hot" in view.fresh else None
+    return thermal_evidence.words(ref, condition, found, hot_seconds)
 
 
 def override_json(view: View, ref: DomainRef) -> dict[str, Any] | None:

@@ -42,6 +42,7 @@ A bad file is refused whole, every problem at once with its file and line
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple, cast, get_args
@@ -453,17 +454,61 @@ class Profile(_Model):
         return self
 
 
-class CpuWattsPerCore(_Model):
-    """Watts per CPU core for CPU profiles. Only `default` today; a bare number means it."""
+#: A core's watts past this is a typo (a whole package's figure, or kW): the most per core of
+#: a server part is about 44 W (an 8-core, 350 W Xeon).
+MAX_WATTS_PER_CORE = 100.0
+WattsPerCore = Annotated[float, Field(gt=0, le=MAX_WATTS_PER_CORE)]
 
-    default: float = Field(6.0, gt=0)
+
+class CpuWattsPerCore(_Model):
+    """Watts per CPU core for CPU profiles (DESIGN.md §5): `default`, and a figure per CPU
+    model, keyed on the model as the node's exporter publishes it (`llmgw_node_cpu_info`,
+    from /proc/cpuinfo: `AMD EPYC 9654 96-Core Processor`, `ARM Neoverse-V2`), runs of
+    whitespace counting as one space. A bare number means `default`.
+
+    ```yaml
+    cpu_watts_per_core: {default: 6, "AMD EPYC 9654 96-Core Processor": 3.7}
+    ```
+    """
+
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, WattsPerCore] = Field(init=False)
+
+    default: WattsPerCore = 6.0
 
     @model_validator(mode="before")
     @classmethod
-    def _bare_number(cls, data: Any) -> Any:
+    def _bare_number_or_models(cls, data: Any) -> Any:
         if type(data) in (int, float):
             return {"default": data}
-        return data
+        if not isinstance(data, dict):
+            return data
+        models: dict[str, Any] = {}
+        for key, value in data.items():
+            name = " ".join(key.split()) if isinstance(key, str) else ""
+            if not name or len(name) > 256:
+                raise ValueError(
+                    f"{key!r} is not a CPU model: the text of /proc/cpuinfo's `model name`"
+                    " (llmgw_node_cpu_info's model label), 1-256 characters"
+                )
+            if name in models:
+                raise ValueError(f"CPU model {name!r} is given twice")
+            models[name] = value
+        return models
+
+    @property
+    def models(self) -> dict[str, float]:
+        """The per-model figures, `default` aside."""
+        return dict(self.model_extra or {})
+
+    def for_models(self, models: Iterable[str]) -> tuple[float, str | None]:
+        """The watts per core of a node with these CPU models, and the model it is for: the
+        largest figure this file gives one of them (a node of two models errs high), else
+        `default` with None."""
+        found = [(watts, name) for name in models if (watts := self.models.get(name))]
+        if not found:
+            return self.default, None
+        return max(found)
 
 
 class Shedding(_Model):

@@ -220,6 +220,8 @@ def parse_part(part: str, samples: list[Sample], dropped: Dropped, pause: Pause 
         return _per_node(samples, dropped, CHECKS[part])
     if part == "profiles":
         return _profiles(samples, dropped)
+    if part == "cpus":
+        return _cpu_models(samples, dropped)
     if part == "evidence":
         return _evidence(samples, dropped)
     raise AssertionError(f"no parser for part {part!r}")
@@ -248,6 +250,18 @@ def _evidence(samples: list[Sample], dropped: Dropped) -> dict[DomainRef, Eviden
         found = figures.setdefault(domain, {})
         found[figure] = max(sample.value, found.get(figure, sample.value))
     return {domain: Evidence(**found) for domain, found in figures.items()}
+
+
+def _cpu_models(samples: list[Sample], dropped: Dropped) -> dict[str, tuple[str, ...]]:
+    """Node → its CPU models, sorted; a series with no `model` label is left out alone."""
+    models: dict[str, set[str]] = {}
+    for sample in samples:
+        model = sample.labels.get("model", "")
+        if not model:
+            dropped.add(sample, "no `model` label")
+        elif (node := _node(sample, dropped)) is not None:
+            models.setdefault(node, set()).add(model)
+    return {node: tuple(sorted(found)) for node, found in models.items()}
 
 
 PROFILE_FIGURES = ("tokens_per_joule", "tokens_per_second", "watts", "units")

@@ -94,6 +94,8 @@ QUERIES: dict[str, str] = {
     "hot": "time() - max_over_time(timestamp(llmgw_domain_condition{{condition='hot'}} != 1)"
     "[{hot_lookback}:{hot_step}]) or on (kind, domain) time() - min_over_time(timestamp("
     "llmgw_domain_condition{{condition='hot'}})[{hot_lookback}:{hot_step}])",
+    # The exporter's series itself (no rule records it): one per node and model.
+    "cpus": "max by (node, model) (last_over_time(llmgw_node_cpu_info[{window}]))",
     # What each warm or hot domain's condition rests on (rules/domain.yml, rules/conditions.yml),
     # one series per figure told apart by a `figure` label (decider.snapshot.Evidence): a
     # rack's own inlet, GPUs and thresholds, a parent's site signals and share of racks hot, a
@@ -221,6 +223,7 @@ def _previous_data(previous: Snapshot, part: str) -> Any:
         "limits": previous.gpu_limit_watts,
         "profiles": previous.profiles,
         "hot": previous.hot_seconds,
+        "cpus": previous.cpu_models,
         "evidence": previous.evidence,
     }[part]
 
@@ -325,6 +328,7 @@ def refresh(
         gpu_limit_watts=MappingProxyType(dict(data["limits"])),
         profiles=MappingProxyType(dict(data["profiles"])),
         hot_seconds=MappingProxyType(dict(data["hot"])),
+        cpu_models=MappingProxyType(dict(data["cpus"])),
         evidence=MappingProxyType(dict(data["evidence"])),
         parts=MappingProxyType(parts),
         prometheus_up=not any(isinstance(outcome, QueryError) for outcome in outcomes.values()),

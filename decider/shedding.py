@@ -58,6 +58,7 @@ from decider import power_capping
 from decider.facility import DomainRef
 from decider.models import Replica
 from decider.placement import Verdict, decide
+from decider.placement import evidence as thermal_evidence
 from decider.placement.view import View
 from decider.store import Proposal, Reservation, Store
 
@@ -340,6 +341,10 @@ def _plan(view: View, now: float, pacing: Mapping[DomainRef, Proposal]) -> Plan:
     entries: list[dict[str, Any]] = []
     for ref in hot:
         hot_seconds = seconds.get(ref)
+        # What holds it hot, in words, where the evidence part has it (else today's words).
+        found = view.snapshot.evidence.get(ref) if "evidence" in view.fresh else None
+        words = None if found is None else thermal_evidence.describe(ref, "hot", found, hot_seconds)
+        heat = words or f"{ref.kind} {ref.name} hot for {_duration(hot_seconds)}"
         entry: dict[str, Any] = {
             "domain": str(ref),
             "kind": ref.kind,
@@ -347,6 +352,7 @@ def _plan(view: View, now: float, pacing: Mapping[DomainRef, Proposal]) -> Plan:
             "condition": "hot",
             "hot_seconds": hot_seconds,
             "hot_since": None if hot_seconds is None else round(now - hot_seconds, 1),
+            "evidence": words,
             "shed": ref in shed,
             "moves": [],
             "skipped": [],
@@ -355,10 +361,7 @@ def _plan(view: View, now: float, pacing: Mapping[DomainRef, Proposal]) -> Plan:
         }
         entries.append(entry)
         if ref not in shed:
-            entry["reason"] = (
-                f"{ref.kind} {ref.name} hot for {_duration(hot_seconds)}, shed after "
-                f"{_duration(shedding.hot_for)}"
-            )
+            entry["reason"] = f"{heat}, shed after {_duration(shedding.hot_for)}"
             if hot_seconds is not None:
                 entry["next_move_at"] = round(now - hot_seconds + shedding.hot_for, 1)
             continue
@@ -415,8 +418,7 @@ def _plan(view: View, now: float, pacing: Mapping[DomainRef, Proposal]) -> Plan:
         reservation, verdict, rules = chosen
         entry["moves"].append(move_json(view, reservation, verdict, counts, rules))
         entry["reason"] = (
-            f"{ref.kind} {ref.name} hot for {_duration(hot_seconds)} (shed after "
-            f"{_duration(shedding.hot_for)}): move {original_id(reservation.id)} "
+            f"{heat} (shed after {_duration(shedding.hot_for)}): move {original_id(reservation.id)} "
             f"from {reservation.node} to {verdict.node.node}"
         )
         rid = original_id(reservation.id)

@@ -30,13 +30,14 @@ PARTS: dict[str, str] = {
     "profiles": "measured tokens per joule per model and profile "
     "(llmgw:model_profile_tokens_per_joule:ratio5m)",
     "hot": "how long each hot domain has been hot (llmgw_domain_condition, for shedding)",
+    "cpus": "each node's CPU models (llmgw_node_cpu_info)",
     "evidence": "what each domain's condition rests on: inlet and thresholds, cooling alarm, "
     "throttled GPUs, racks hot, how long warm (llmgw_domain_inlet_temperature_celsius and "
     "others)",
 }
 #: Parts that describe the site's layout and hardware: they change rarely and stay usable
 #: for `staleness.inventory`; the others are readings, usable for `staleness.readings`.
-INVENTORY_PARTS = frozenset({"membership", "inventory", "gpus", "limits"})
+INVENTORY_PARTS = frozenset({"membership", "inventory", "gpus", "limits", "cpus"})
 
 
 def _empty() -> Mapping:
@@ -111,6 +112,7 @@ class Snapshot:
       GPU power limit.
     - `profiles`: (model, profile) → its measured figures, fresh or remembered.
     - `hot_seconds`: per domain hot now, how long it has been hot (decider.shedding).
+    - `cpu_models`: each node's CPU models, sorted (the watts per core of a CPU replica).
     - `evidence`: per domain, the figures its condition rests on (decider.placement.evidence).
     - `parts`: per part of PARTS, when it was last read and the last error.
     """
@@ -126,6 +128,7 @@ class Snapshot:
     #: Seconds each domain hot now has been hot without a break (decider.shedding), at most
     #: the query's lookback.
     hot_seconds: Mapping[DomainRef, float] = field(default_factory=_empty)
+    cpu_models: Mapping[str, tuple[str, ...]] = field(default_factory=_empty)
     evidence: Mapping[DomainRef, Evidence] = field(default_factory=_empty)
     parts: Mapping[str, Part] = field(default_factory=lambda: {name: Part() for name in PARTS})
     #: Whether the last refresh reached Prometheus and every query succeeded.

@@ -64,6 +64,7 @@ SERIES: dict[str, str] = {
     "limits": "llmgw_gpu_power_limit_watts",
     "profiles": "llmgw:model_profile_tokens_per_joule:ratio5m",
     "hot": "llmgw_domain_condition{condition='hot'} != 1)",  # its subquery's first
+    "cpus": "llmgw_node_cpu_info",
     "evidence": "llmgw:domain_cooling_alarm",  # one of its figures' series
 }
 
@@ -107,6 +108,7 @@ class Readings:
     #: (model, profile) → {figure: value}: tokens_per_joule, tokens_per_second, watts, units
     profiles: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     hot: dict[str, float] = field(default_factory=dict)  # domain → seconds hot (shedding)
+    cpus: dict[str, list[str]] = field(default_factory=dict)  # node → its CPU models
     #: domain → {figure: value} (decider.snapshot.Evidence: inlet_celsius, warm_seconds, …)
     evidence: dict[str, dict[str, float]] = field(default_factory=dict)
 
@@ -131,6 +133,12 @@ class Readings:
         if part in ("gpus", "limits"):
             values = getattr(self, part)
             return [({"node": node}, repr(float(v))) for node, v in values.items()]
+        if part == "cpus":
+            return [
+                ({"node": node, "model": model}, "1")
+                for node, models in self.cpus.items()
+                for model in models
+            ]
         if part == "evidence":
             return [
                 ({**_domain_labels(key), "figure": figure}, repr(float(v)))

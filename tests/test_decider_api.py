@@ -542,6 +542,7 @@ def test_domains_show_budgets_loads_and_conditions(shared):
         "reading_age_seconds": None,
         "held": None,
         "override": None,
+        "evidence": None,
     }
     assert domains["rack/r3"]["condition"] == "hot"
     assert domains["rack/r3"]["reading_age_seconds"] == 12.0
@@ -653,6 +654,7 @@ def test_readyz_with_prometheus_down(make, fake):
         "each node's enforced GPU power limit (llmgw_gpu_power_limit_watts)",
         "measured tokens per joule per model and profile (llmgw",
         "how long each hot domain has been hot (llmgw_domain_condition, for shedding)",
+        "what each domain's condition rests on",
     ]
     assert all("never read from Prometheus" in line for line in body["missing"])
     metrics = decider.metrics()

@@ -65,6 +65,7 @@ SERIES = {
     "limits": "llmgw_gpu_power_limit_watts",
     "profiles": "llmgw:model_profile_tokens_per_joule:ratio5m",
     "hot": "llmgw_domain_condition{condition='hot'} != 1)",  # its subquery's first
+    "cpus": "llmgw_node_cpu_info",
     "evidence": "llmgw:domain_cooling_alarm",  # one of its figures' series
 }
 
@@ -255,6 +256,11 @@ def good_answers(watts: float = 5400.0) -> dict[str, Reply]:
             (profile("", "", "tokens_per_joule"), "1.5"),  # units with no model: nobody's profile
         ),
         SERIES["hot"]: vector((domain("rack", "r1"), "630")),  # hot for 10.5 minutes
+        SERIES["cpus"]: vector(
+            ({"node": "n1", "model": "Intel(R) Xeon(R) Platinum 8480+"}, "1"),
+            ({"node": "n2", "model": "AMD EPYC 9654 96-Core Processor"}, "1"),
+            ({"node": "n2", "model": "AMD EPYC 9754 128-Core Processor"}, "1"),
+        ),
         SERIES["evidence"]: vector(({**domain("rack", "r1"), "figure": "inlet_celsius"}, "33.1")),
     }
 
@@ -287,6 +293,10 @@ def assert_good(snapshot: Snapshot, watts: float = 5400.0) -> None:
         ("llama-70b", "tp8"): ProfileFigures(2.34, None, None, None, read_at),
     }
     assert snapshot.hot_seconds == {rack("r1"): 630.0}
+    assert snapshot.cpu_models == {
+        "n1": ("Intel(R) Xeon(R) Platinum 8480+",),
+        "n2": ("AMD EPYC 9654 96-Core Processor", "AMD EPYC 9754 128-Core Processor"),
+    }
 
 
 def good_baseline(fake: FakePrometheus, reader: PrometheusReader) -> Snapshot:
@@ -299,6 +309,7 @@ def good_baseline(fake: FakePrometheus, reader: PrometheusReader) -> Snapshot:
 def same_data(snapshot: Snapshot, other: Snapshot) -> bool:
     names = ("membership", "domains", "measured_watts", "conditions", "reading_ages")
     names += ("node_gpus", "gpu_limit_watts", "profiles", "hot_seconds", "evidence")
+    names += ("cpu_models",)
     return all(getattr(snapshot, name) == getattr(other, name) for name in names)
 
 
@@ -319,6 +330,9 @@ def test_the_queries_read_only_fresh_samples_in_plain_promql():
     )
     assert queries(60)["limits"] == (
         "max by (node) (last_over_time(llmgw_gpu_power_limit_watts[1m]))"
+    )
+    assert queries(60, inventory_window_seconds=3600)["cpus"] == (
+        "max by (node, model) (last_over_time(llmgw_node_cpu_info[1h]))"
     )
     assert QUERIES.keys() == PARTS.keys()
 
@@ -777,7 +791,7 @@ def test_a_down_prometheus_leaves_the_last_snapshot_serving_and_ageing(fake, cap
         assert same_data(down, good)
         assert down.age_seconds(now[0]) == 100 * step
     fresh, missing = down.fresh_parts(now[0], readings_limit=120, inventory_limit=3600)
-    assert fresh == {"membership", "inventory", "gpus", "limits"}
+    assert fresh == {"membership", "inventory", "gpus", "limits", "cpus"}
     missing = tuple(line for line in missing if "left out" not in line)  # membership's note
     assert len(missing) == len(PARTS) - len(INVENTORY_PARTS) and all(
         "HTTP error" in line for line in missing

@@ -7,15 +7,21 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 import yaml
 
-from decider.facility import DomainRef
+from decider import shedding
+from decider.config import Staleness
+from decider.domains_json import domain_json
+from decider.facility import DomainRef, Facility
 from decider.placement.evidence import describe, duration
 from decider.prometheus_parse import Dropped, Sample, parse_part
 from decider.refresher import queries
-from decider.snapshot import Evidence
+from decider.snapshot import PARTS, Evidence, Part, Snapshot
+from decider.state import State
+from decider.store import Store
 
 RACK = DomainRef("rack", "r12-07")
 ROW = DomainRef("row", "12")
@@ -219,3 +225,70 @@ def test_prometheus_reads_each_warm_or_hot_domains_evidence(tmp_path: Path):
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- the domain table and the shedding plan ---------------------------------------------------
+
+T0 = 1_700_000_000.0
+
+
+def state_with(tmp_path: Path, evidence: dict, *, shedding_on: bool = False) -> State:
+    facility: dict = {"mode": "enforce"}
+    if shedding_on:
+        facility["shedding"] = {"enabled": True}
+    state = State(
+        Facility.model_validate(facility),
+        Store(tmp_path / "decider.db"),
+        300,
+        Staleness(readings=120, inventory=3600),
+        clock=lambda: T0,
+    )
+    warm_rack = DomainRef("rack", "r12-08")
+    state.set_snapshot(
+        Snapshot(
+            membership=MappingProxyType({"n1": (RACK, ROW), "n2": (warm_rack, ROW)}),
+            conditions=MappingProxyType({RACK: "hot", ROW: "hot", warm_rack: "warm"}),
+            hot_seconds=MappingProxyType({RACK: 360.0, ROW: 240.0}),
+            evidence=MappingProxyType(evidence),
+            parts={part: Part(T0) for part in PARTS},
+            prometheus_up=True,
+        )
+    )
+    return state
+
+
+EVIDENCE = {
+    RACK: Evidence(inlet_celsius=33.1, inlet_hot_celsius=32, inlet_warm_celsius=27),
+    ROW: Evidence(cooling_alarm=1),
+    DomainRef("rack", "r12-08"): Evidence(gpus=32, gpus_thermally_throttled=3, warm_seconds=90),
+}
+
+
+def test_the_domain_table_names_each_warm_or_hot_domains_evidence(tmp_path):
+    view = state_with(tmp_path, EVIDENCE).view()
+    assert domain_json(view, RACK)["evidence"] == (
+        "rack r12-07 hot: inlet 33.1 °C over its 32 °C hot threshold for 6 min"
+    )
+    assert domain_json(view, ROW)["evidence"] == "row 12 hot: cooling unit in alarm for 4 min"
+    assert domain_json(view, DomainRef("rack", "r12-08"))["evidence"] == (
+        "rack r12-08 warm: 3 of 32 GPUs thermally throttled for 1 min"
+    )
+
+
+def test_without_evidence_the_domain_table_says_how_long_and_shedding_keeps_its_words(tmp_path):
+    state = state_with(tmp_path, {}, shedding_on=True)
+    assert domain_json(state.view(), RACK)["evidence"] == "rack r12-07 hot for 6 min"
+    plan = shedding.plan(state.view(), T0, {})
+    assert [entry["reason"] for entry in plan.entries] == [
+        "rack r12-07 hot for 6m, shed after 10m",
+        "row 12 hot for 4m, shed after 10m",
+    ]
+
+
+def test_the_shedding_plan_names_what_holds_each_domain_hot(tmp_path):
+    plan = shedding.plan(state_with(tmp_path, EVIDENCE, shedding_on=True).view(), T0, {})
+    assert [entry["reason"] for entry in plan.entries] == [
+        "rack r12-07 hot: inlet 33.1 °C over its 32 °C hot threshold for 6 min, shed after 10m",
+        "row 12 hot: cooling unit in alarm for 4 min, shed after 10m",
+    ]
+    assert plan.entries[1]["evidence"] == "row 12 hot: cooling unit in alarm for 4 min"

@@ -2,16 +2,19 @@
 
 Declared first: the request's `power_watts`, else the facility file's profile figure. Else
 derived: GPUs × the node's enforced GPU power limit + the node share for those GPUs
-(`node_share_watts` × gpus / the node's GPUs); a replica with no GPUs: CPU cores ×
-`cpu_watts_per_core`. Where the node's limit is unknown the site's largest known limit
-stands in, and where its GPU count is unknown the replica takes the whole node share: both
-err high, and both are said in `missing`. Where no node's limit is known, the facility
-file's `fallback_gpu_watts` stands in; without it the estimate is the node share alone,
-too low, and `missing` says so.
+(`node_share_watts` × gpus / the node's GPUs); a replica with no GPUs: CPU cores × the
+watts per core of the node's CPU model (`cpu_watts_per_core`, keyed on the models the node's
+`llmgw_node_cpu_info` names, the largest where it names two), else of `default`: where the
+model is unknown, or the file gives it no figure. Where the node's limit is unknown the
+site's largest known limit stands in, and where its GPU count is unknown the replica takes
+the whole node share: both err high, and both are said in `missing`. Where no node's
+limit is known, the facility file's `fallback_gpu_watts` stands in; without it the estimate
+is the node share alone, too low, and `missing` says so.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from decider.facility import Facility
@@ -27,8 +30,14 @@ class Estimate:
 
 
 def estimate(
-    replica: Replica, node: NodeState, facility: Facility, site_limit: float | None
+    replica: Replica,
+    node: NodeState,
+    facility: Facility,
+    site_limit: float | None,
+    cpu_models: Iterable[str] = (),
 ) -> Estimate:
+    """The replica's draw on `node`; `cpu_models`: the node's CPU models (the snapshot's
+    `cpu_models`), for a replica with no GPUs."""
     if replica.power_watts is not None:
         return Estimate(replica.power_watts, "declared")
     profile = facility.profiles.get(replica.profile)
@@ -38,7 +47,8 @@ def estimate(
         cores = replica.cpu_cores
         if cores is None and profile is not None:
             cores = profile.cpu_cores
-        return Estimate((cores or 0.0) * facility.cpu_watts_per_core.default, "derived")
+        per_core, _ = facility.cpu_watts_per_core.for_models(cpu_models)
+        return Estimate((cores or 0.0) * per_core, "derived")
     gaps: tuple[str, ...] = ()
     limit = node.gpu_limit_watts
     if limit is None:

@@ -105,3 +105,18 @@ def describe(
     if not signs:
         return f"{head}{since}"
     return f"{head}: {', '.join(signs)}{since}"
+
+
+def words(
+    ref: DomainRef,
+    condition: Condition,
+    evidence: Evidence | None,
+    hot_seconds: float | None,
+) -> str | None:
+    """`describe`, with how long read where it is kept: a hot domain's from the `hot` part
+    (`hot_seconds`), a warm one's from its evidence (`warm_seconds`)."""
+    if condition == "hot":
+        seconds = hot_seconds
+    else:
+        seconds = None if evidence is None else evidence.warm_seconds
+    return describe(ref, condition, evidence, seconds)
