@@ -418,7 +418,8 @@ def _plan(view: View, now: float, pacing: Mapping[DomainRef, Proposal]) -> Plan:
         reservation, verdict, rules = chosen
         entry["moves"].append(move_json(view, reservation, verdict, counts, rules))
         entry["reason"] = (
-            f"{heat} (shed after {_duration(shedding.hot_for)}): move {original_id(reservation.id)} "
+            f"{heat} (shed after {_duration(shedding.hot_for)}): "
+            f"move {original_id(reservation.id)} "
             f"from {reservation.node} to {verdict.node.node}"
         )
         rid = original_id(reservation.id)
