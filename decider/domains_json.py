@@ -46,7 +46,9 @@ def evidence_words(view: View, ref: DomainRef, condition: Condition) -> str | No
         return None
     found = view.snapshot.evidence.get(ref) if "evidence" in view.fresh else None
     hot_seconds = view.snapshot.hot_seconds.get(ref) if "hot" in view.fresh else None
-    return thermal_evidence.words(ref, condition, found, hot_seconds)
+    return thermal_evidence.words(
+        ref, condition, thermal_evidence.of(condition, found, hot_seconds)
+    )
 
 
 def override_json(view: View, ref: DomainRef) -> dict[str, Any] | None:

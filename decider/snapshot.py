@@ -95,10 +95,12 @@ class Evidence:
     racks_warm_share: float | None = None
     #: Seconds the domain has been warm or hot without a break (at most the lookback).
     warm_seconds: float | None = None
+    #: Seconds it has been hot: the `hot` part's (Snapshot.hot_seconds), which the View adds.
+    hot_seconds: float | None = None
 
 
 #: The figures of Evidence, as the evidence query's `figure` label names them.
-EVIDENCE_FIGURES = frozenset(Evidence.__slots__)
+EVIDENCE_FIGURES = frozenset(Evidence.__slots__) - {"hot_seconds"}
 
 
 @dataclass(frozen=True)

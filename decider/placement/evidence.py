@@ -14,6 +14,8 @@ evidence and no duration at all gets None, the caller's plain text ("rack r12-08
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from decider.facility import DomainRef
 from decider.snapshot import Condition, Evidence
 
@@ -107,16 +109,24 @@ def describe(
     return f"{head}: {', '.join(signs)}{since}"
 
 
-def words(
-    ref: DomainRef,
-    condition: Condition,
-    evidence: Evidence | None,
-    hot_seconds: float | None,
-) -> str | None:
-    """`describe`, with how long read where it is kept: a hot domain's from the `hot` part
-    (`hot_seconds`), a warm one's from its evidence (`warm_seconds`)."""
-    if condition == "hot":
-        seconds = hot_seconds
-    else:
-        seconds = None if evidence is None else evidence.warm_seconds
+def of(
+    condition: Condition, evidence: Evidence | None, hot_seconds: float | None
+) -> Evidence | None:
+    """What a domain state keeps (decider.placement.states): for a warm or hot domain, its
+    evidence with how long it has been hot (the `hot` part's `hot_seconds`); None for any
+    other, or when there is neither, so that an ok domain's state never changes with the
+    readings it does not show."""
+    if condition not in ("warm", "hot") or (evidence is None and hot_seconds is None):
+        return None
+    if hot_seconds is None:
+        return evidence
+    return replace(evidence or Evidence(), hot_seconds=hot_seconds)
+
+
+def words(ref: DomainRef, condition: Condition, evidence: Evidence | None) -> str | None:
+    """`describe`, with how long read where it is kept: a hot domain's `hot_seconds`, a warm
+    one's `warm_seconds`."""
+    if evidence is None:
+        return describe(ref, condition, None)
+    seconds = evidence.hot_seconds if condition == "hot" else evidence.warm_seconds
     return describe(ref, condition, evidence, seconds)
