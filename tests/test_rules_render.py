@@ -144,9 +144,9 @@ def test_awkward_names_and_queries_render_exactly(tmp_path):
         "  rack/yes: {cap_watts: 1000}\n"
         "  rack/on: {cap_watts: 1000}\n"
         "  row/12: {cap_watts: 1000}\n"
-        "  'rack/#7 \"east\"': {cap_watts: 1000}\n"
-        "  rack/räck-ü: {cap_watts: 1000}\n"
-        "  rack/r 12: {thresholds: {inlet_warm_c: 25.5}}\n"
+        "  rack/1e3: {cap_watts: 1000}\n"
+        "  rack/1:30: {cap_watts: 1000}\n"
+        "  rack/null: {thresholds: {inlet_warm_c: 25.5}}\n"
         "signals:\n"
         "  inlet_temp_c:\n"
         "    query: |\n"
@@ -164,9 +164,9 @@ def test_awkward_names_and_queries_render_exactly(tmp_path):
         "yes",
         "on",
         "12",
-        '#7 "east"',
-        "räck-ü",
-        "r 12",
+        "1e3",  # a float to YAML
+        "1:30",  # a sexagesimal int to YAML 1.1
+        "null",
     ]
     assert {"record": OVERRIDE, "expr": "vector(25.5)"}.items() <= rules[-1].items()
     expr = rules[0]["expr"]
