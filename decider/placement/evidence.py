@@ -9,7 +9,7 @@ down-score of a warm one say, with each figure and how long.
 Plain: it reads decider.snapshot.Evidence (the rules' figures, rules/domain.yml and
 rules/conditions.yml) and imports no rule. Missing data never blocks, nor does it change a
 decision: a figure Prometheus does not have is left out of the words, and a domain with no
-evidence and no duration at all gets None, the caller's plain text ("rack r12-08 hot").
+evidence gets None, the caller's plain text ("rack r12-08 hot (reading 12s old)").
 """
 
 from __future__ import annotations
@@ -88,9 +88,10 @@ def describe(
     seconds: float | None = None,
 ) -> str | None:
     """The words for a `warm` or `hot` domain: its evidence and for how long (`seconds`,
-    how long it has been in this condition); None when there is neither, and for `ok` and
-    `unknown`. A hot domain whose figures are now below its thresholds (it stays hot until
-    every signal has been clear for 5 minutes, docs/rules.md) names its inlet as it is."""
+    how long it has been in this condition); None without evidence (the caller keeps its
+    plain words), and for `ok` and `unknown`. A hot domain whose figures are now below its
+    thresholds (it stays hot until every signal has been clear for 5 minutes, docs/rules.md)
+    names its inlet as it is."""
     if condition not in ("warm", "hot"):
         return None
     signs: list[str] = []
@@ -100,13 +101,10 @@ def describe(
             signs = _warm_signs(evidence)
         if not signs and evidence.inlet_celsius is not None:
             signs = [f"inlet {_celsius(evidence.inlet_celsius)}, cooling down"]
-    if not signs and seconds is None:
-        return None
-    head = f"{ref.kind} {ref.name} {condition}"
-    since = "" if seconds is None else f" for {duration(seconds)}"
     if not signs:
-        return f"{head}{since}"
-    return f"{head}: {', '.join(signs)}{since}"
+        return None
+    since = "" if seconds is None else f" for {duration(seconds)}"
+    return f"{ref.kind} {ref.name} {condition}: {', '.join(signs)}{since}"
 
 
 def of(
