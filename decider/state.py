@@ -186,7 +186,7 @@ class State:
             if (
                 current.reservations is view.reservations
                 and current.holds is view.holds
-                and _same_overrides(current, view)
+                and self._active_overrides() == view.overrides
                 and current.facility is view.facility
             ):
                 self._view, self._valid_until = view, valid_until  # the warmed view
@@ -386,13 +386,6 @@ class State:
             self._overrides = {k: v for k, v in self._overrides.items() if k not in expired}
         for ref in expired:
             log.info("the override of %s expired", ref)
-
-
-def _same_overrides(one: View, other: View) -> bool:
-    """Whether two Views read the same overrides (each View has its own dict of them)."""
-    return one.overrides.keys() == other.overrides.keys() and all(
-        one.overrides[ref] is override for ref, override in other.overrides.items()
-    )
 
 
 def replica_from(reservation: Reservation) -> Replica:
