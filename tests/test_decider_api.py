@@ -654,6 +654,7 @@ def test_readyz_with_prometheus_down(make, fake):
         "each node's enforced GPU power limit (llmgw_gpu_power_limit_watts)",
         "measured tokens per joule per model and profile (llmgw",
         "how long each hot domain has been hot (llmgw_domain_condition, for shedding)",
+        "each node's CPU models (llmgw_node_cpu_info)",
         "what each domain's condition rests on",
     ]
     assert all("never read from Prometheus" in line for line in body["missing"])
