@@ -307,6 +307,7 @@ def prometheus_answers(site: Site) -> dict[str, bytes]:
         "limits": _vector([({"node": node}, GPU_LIMIT_WATTS) for node in site.nodes]),
         "cpus": _vector([]),  # GPU replicas only: their estimate never reads the CPU model
         "profiles": _vector([]),  # placements without alternatives never read it
+        "evidence": _vector([]),  # a refusal's words only: the figures change no decision
         # Hot for 15 minutes, the default lookback: past the default shedding.hot_for.
         "hot": _vector(
             [(labels(ref), 900.0) for ref, state in conditions(site).items() if state == "hot"]
