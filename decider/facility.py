@@ -15,7 +15,7 @@ profiles:
   llama-70b-tp4: {gpus: 4, power_watts: 2900}
 node_share_watts: 350
 cpu_watts_per_core: {default: 6}
-mode: observe             # observe | enforce
+mode: observe             # observe | enforce, or per concern: {power: enforce, thermal: observe}
 shedding: {enabled: false, hot_for: 10m, interval: 5m}
 classes: [batch, interactive]   # lowest first: shed first (decider.shedding)
 models:
@@ -52,9 +52,12 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     ModelWrapValidatorHandler,
+    Tag,
     ValidationError,
+    ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
 )
@@ -66,6 +69,8 @@ from llmgw_common.yamlfile import Duration, load_model
 Kind = Literal["site", "room", "row", "rack", "pdu"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 Mode = Literal["observe", "enforce"]
+#: What a mode is set for (decider.placement.rules: each rule serves one, or `always`).
+CONCERNS: tuple[str, ...] = ("power", "thermal")
 
 #: Built-in thresholds (docs/rules.md): what the committed rules use for a domain without an
 #: override, and what this file falls back to when it sets none.
@@ -323,6 +328,12 @@ class Domain(_Model):
 
     cap_watts: float | None = Field(None, gt=0, le=MAX_WATTS)
     feeds: tuple[Feed, ...] = Field((), strict=False)
+    #: This domain's own margin and derating; None: the site's (`defaults`).
+    margin: float | None = Field(None, ge=0, lt=1)
+    derating: float | None = Field(None, gt=0, le=1)
+    #: Shedding for this domain: None follows `shedding.enabled`; false keeps it off where the
+    #: site has it on; true turns it on here alone (decider.shedding).
+    shedding: bool | None = None
     other_watts: float = Field(0.0, ge=0, le=MAX_WATTS)
     #: The site's meter for this domain (signals.power_watts) already includes `other_watts`:
     #: the rules take them off the meter, so the decider's load counts them once.
@@ -386,7 +397,8 @@ class Domain(_Model):
             )
             if problem:
                 problems.append(_error(("thresholds",), problem, written))
-        cap = self.cap(defaults.derating)
+        derating = defaults.derating if self.derating is None else self.derating
+        cap = self.cap(derating)
         if cap is not None and self.other_watts >= cap:
             problems.append(
                 _error(
@@ -395,7 +407,7 @@ class Domain(_Model):
                     self.other_watts,
                 )
             )
-        problems += self._phase_problems(defaults.derating)
+        problems += self._phase_problems(derating)
         if problems:
             raise ValidationError.from_exception_data(type(self).__name__, problems)
         return self
@@ -511,6 +523,25 @@ class CpuWattsPerCore(_Model):
         return max(found)
 
 
+def limit_watts(cap: float | None, margin: float) -> float | None:
+    """Past this load a placement is refused: cap × (1 − margin); None: no budget. The one
+    place the limit is worked out (decider.placement.states builds every domain's and
+    phase's with it)."""
+    return None if cap is None else cap * (1 - margin)
+
+
+class Modes(_Model):
+    """`mode` per concern, for a staged rollout (power budgets enforced while thermal is
+    observed): each rule serves one concern (decider.placement.rules); a hold is always
+    enforced."""
+
+    power: Mode
+    thermal: Mode
+
+    def __str__(self) -> str:
+        return f"power {self.power}, thermal {self.thermal}"
+
+
 class Shedding(_Model):
     """Opt-in plans to move load off a domain `hot` for longer than `hot_for`, at most one
     replica per domain per `interval` (DESIGN.md §5)."""
@@ -615,7 +646,26 @@ class Facility(_Model):
     #: (decider.placement.estimate); None: the node share alone, said in `missing`.
     fallback_gpu_watts: float | None = Field(None, gt=0, le=5000)
     cpu_watts_per_core: CpuWattsPerCore = CpuWattsPerCore()
-    mode: Mode = "observe"  # required in a file: see `load`
+    #: One mode for every concern, or one per concern (`Modes`); required in a file: `load`.
+    mode: Annotated[
+        Annotated[Mode, Tag("one")] | Annotated[Modes, Tag("per_concern")],
+        Discriminator(lambda value: "one" if isinstance(value, str) else "per_concern"),
+    ] = "observe"
+
+    @field_validator("mode", mode="wrap")
+    @classmethod
+    def _one_mode_or_one_per_concern(
+        cls, value: Any, handler: ValidatorFunctionWrapHandler
+    ) -> Mode | Modes:
+        # A word is one of the two modes, said as such, not as a failed match of `Modes`.
+        if isinstance(value, str) and value not in get_args(Mode):
+            raise PydanticCustomError(
+                "literal_error",
+                "Input should be 'observe' or 'enforce' (or one per concern: "
+                "{power: observe|enforce, thermal: observe|enforce})",
+            )
+        return cast(Mode | Modes, handler(value))
+
     shedding: Shedding = Shedding()
     signals: Signals = Signals()
     #: Per node: the phase it draws from on each three-phase PDU (docs/facility.md "Phases").
@@ -721,14 +771,46 @@ class Facility(_Model):
         return self.domains.get(f"{kind}/{name}")
 
     def cap_watts(self, kind: str, name: str) -> float | None:
-        """The domain's cap (`Domain.cap` with `defaults.derating`); None: no budget."""
+        """The domain's cap (`Domain.cap` with its derating); None: no budget."""
         domain = self.domain(kind, name)
-        return None if domain is None else domain.cap(self.defaults.derating)
+        return None if domain is None else domain.cap(self.derating(kind, name))
 
     def placement_limit_watts(self, kind: str, name: str) -> float | None:
-        """Past this load a placement is refused: cap * (1 - margin); None: no budget."""
-        cap = self.cap_watts(kind, name)
-        return None if cap is None else cap * (1 - self.defaults.margin)
+        """Past this load a placement is refused (`limit_watts`); None: no budget."""
+        return limit_watts(self.cap_watts(kind, name), self.margin(kind, name))
+
+    def margin(self, kind: str, name: str) -> float:
+        """The domain's margin: its own, else `defaults.margin`."""
+        domain = self.domain(kind, name)
+        own = None if domain is None else domain.margin
+        return self.defaults.margin if own is None else own
+
+    def derating(self, kind: str, name: str) -> float:
+        """The domain's derating (its feeds' and phases'): its own, else `defaults.derating`."""
+        domain = self.domain(kind, name)
+        own = None if domain is None else domain.derating
+        return self.defaults.derating if own is None else own
+
+    def mode_of(self, concern: str) -> Mode:
+        """The mode of one concern (`power`, `thermal`)."""
+        return self.mode if isinstance(self.mode, str) else getattr(self.mode, concern)
+
+    def enforced(self) -> frozenset[str]:
+        """The concerns enforced, and `always` (a hold)."""
+        return frozenset(
+            {"always", *(concern for concern in CONCERNS if self.mode_of(concern) == "enforce")}
+        )
+
+    def overall_mode(self) -> Mode:
+        """`enforce` where any concern is enforced, else `observe` (the answers' `mode`)."""
+        return "enforce" if len(self.enforced()) > 1 else "observe"
+
+    def sheds(self, kind: str, name: str) -> bool:
+        """Whether shedding plans moves off this domain: its own `shedding`, else the site's
+        `shedding.enabled`."""
+        domain = self.domain(kind, name)
+        own = None if domain is None else domain.shedding
+        return self.shedding.enabled if own is None else own
 
     def written_thresholds(self, kind: str, name: str) -> dict[str, float]:
         """The thresholds the file sets for the domain: its own, else its kind's

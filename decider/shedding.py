@@ -146,7 +146,9 @@ def destination(
     if not candidates:
         return None, "no node known outside " + ", ".join(str(ref) for ref in sorted(excluded))
     decision = decide(view, replica, candidates)
-    allowed = sorted((v for v in decision.verdicts if not v.refusals), key=lambda v: v.key)
+    # Enforce mode's verdicts whatever the mode: an observed concern's refusals count too,
+    # and the scores order as enforced (Verdict.key holds them all).
+    allowed = sorted((v for v in decision.verdicts if not _refused(v)), key=lambda v: v.key)
     without_gpus = 0
     for verdict in allowed:
         node = verdict.node
@@ -157,12 +159,17 @@ def destination(
     return None, "no destination: " + _rules_summary(decision.verdicts, without_gpus)
 
 
+def _refused(verdict: Verdict) -> list[tuple[str, str]]:
+    """What enforce mode refuses the node for: the refusals, and those observed."""
+    return verdict.refusals + verdict.would_refuse
+
+
 def _rules_summary(verdicts: list[Verdict], without_gpus: int) -> str:
     refused: dict[str, int] = {}
     for verdict in verdicts:
-        for rule in dict.fromkeys(rule for rule, _ in verdict.refusals):
+        for rule in dict.fromkeys(rule for rule, _ in _refused(verdict)):
             refused[rule] = refused.get(rule, 0) + 1
-    allowed = sum(1 for verdict in verdicts if not verdict.refusals) - without_gpus
+    allowed = sum(1 for verdict in verdicts if not _refused(verdict)) - without_gpus
     parts = [f"{count} {rule}" for rule, count in sorted(refused.items(), key=lambda i: -i[1])]
     if without_gpus:
         parts.append(f"{without_gpus} without the GPUs free")

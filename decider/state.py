@@ -98,7 +98,10 @@ class State:
         view, self._valid_until = self._new_view(self._snapshot)
         previous = start or getattr(self, "_view", None)
         if previous is not None and (changed or held):
-            view.settle(previous, changed, held)
+            redone = view.settle(previous, changed, held)
+            # The answer cache's entries that still hold carry over (decider.placement.
+            # answers): the cache sits beside the View, which knows nothing of it.
+            answers.settled(view, previous, redone)
             # The placement answers' shapes asked about lately, made before the View is
             # swapped in: the change pays for them, not the next placement.
             answers.prepare(view)
@@ -243,7 +246,7 @@ class State:
                 view, request.replica, view.node(request.node), view.site_gpu_limit_watts
             )
             notes = tuple(missing(view, [verdict]))
-            if verdict.refusals and view.mode == "enforce":
+            if verdict.refusals:  # those of enforced concerns (would_refuse: observed)
                 return ReserveOutcome(None, verdict, created=False, missing=notes)
             now = self._clock()
             reservation = Reservation(

@@ -239,7 +239,7 @@ def assert_as_decide(view: View, rep: Replica, candidates: list[str]) -> answers
     assert got.refusals == [
         (verdict.node.node, reason)
         for verdict in decision.verdicts
-        for _, reason in verdict.refusals
+        for _, reason in (*verdict.refusals, *verdict.would_refuse)
     ]
     return got
 

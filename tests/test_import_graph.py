@@ -34,32 +34,9 @@ def load_script():
 
 import_graph = load_script()
 
-PLACEMENT_CIRCLE = frozenset(
-    f"decider.placement{suffix}"
-    for suffix in (
-        "",
-        ".answers",
-        ".condition",
-        ".estimate",
-        ".held",
-        ".hot",
-        ".over_cap",
-        ".phases",
-        ".power_cap",
-        ".rack_room",
-        ".spread",
-        ".view",
-    )
-)
-
-
 #: The circles issue 18 names that are still there, allowed until they are taken apart. Delete
 #: an entry when its circle is gone (the test fails until then); never add one.
-KNOWN_CIRCLES: dict[str, Callable[[frozenset[str]], bool]] = {
-    # The rules import view.py; view.py lazily imports the rules' registry (the package's
-    # __init__), held, phases and answers (issue 18; to be fixed later). Exactly these modules.
-    "decider.placement: rules ⇄ view": lambda circle: circle == PLACEMENT_CIRCLE,
-}
+KNOWN_CIRCLES: dict[str, Callable[[frozenset[str]], bool]] = {}
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from decider.placement import (
 )
 from decider.placement.capacity import UNBOUNDED, Fit, fits, replica_of
 from decider.placement.estimate import Estimate, estimate
+from decider.placement.states import Ask, kw
 from decider.placement.view import CONDITION_RANK, DomainState, NodeState, View
 from decider.snapshot import PARTS, Snapshot
 from decider.store import Hold
@@ -260,8 +261,8 @@ def test_over_cap_refuse_on_one_domain() -> None:
         over_cap.refuse(domain_state("pdu/a", reserved=10_001))
         == "pdu a: over its cap, 10.0 of 10.0 kW reserved"
     )
-    assert over_cap.kw(123_456) == "123.5"
-    assert over_cap.kw(0) == "0.0"
+    assert kw(123_456) == "123.5"
+    assert kw(0) == "0.0"
     assert over_cap.other(domain_state(other=1_250)) == " (incl. 1.2 other)"
     assert over_cap.other(domain_state(other=0)) == ""
 
@@ -305,23 +306,25 @@ def test_power_cap_boundary_is_cap_times_one_minus_margin(make_site: Any) -> Non
 
 def test_power_cap_refuse_on_one_domain() -> None:
     domain = domain_state(reserved=8_000)  # limit 9 000: room 1 000
-    assert power_cap.refuse(domain, 1_000, 0.1) is None
+    assert power_cap.refuse(domain, 1_000) is None
     assert (
-        power_cap.refuse(domain, 1_000.5, 0.1)
+        power_cap.refuse(domain, 1_000.5)
         == "rack r1: 8.0 of 10.0 kW reserved, replica needs ~1.0, margin 10%"
     )
-    assert power_cap.refuse(domain_state(cap=None, reserved=1e9), 1e9, 0.1) is None
+    assert power_cap.refuse(domain_state(cap=None, reserved=1e9), 1e9) is None
     # Over the cap is over_cap's refusal, not this one's; at the cap it is this one's.
-    assert power_cap.refuse(domain_state(reserved=10_001), 1, 0.1) is None
-    assert power_cap.refuse(domain_state(reserved=10_000), 1, 0.1) is not None
-    # The margin as a percentage, not rounded to a whole one (7.5%, not 8%).
-    assert power_cap.refuse(domain, 1_000.5, 0.075) == (
-        "rack r1: 8.0 of 10.0 kW reserved, replica needs ~1.0, margin 7.5%"
+    assert power_cap.refuse(domain_state(reserved=10_001), 1) is None
+    assert power_cap.refuse(domain_state(reserved=10_000), 1) is not None
+    # The domain's own margin, as a percentage, not rounded to a whole one (7.5%, not 8%):
+    # limit 9 250, 8 300 reserved: room 950.
+    assert power_cap.refuse(domain_state(margin=0.075, reserved=8_300), 950) is None
+    assert power_cap.refuse(domain_state(margin=0.075, reserved=8_300), 1_000.5) == (
+        "rack r1: 8.3 of 10.0 kW reserved, replica needs ~1.0, margin 7.5%"
     )
     # The load basis and other_watts as they are.
     measured = domain_state(margin=0.25, reserved=1_000, measured=6_000, other=700)
     assert (
-        power_cap.refuse(measured, 2_000, 0.25)
+        power_cap.refuse(measured, 2_000)
         == "rack r1: 6.7 of 10.0 kW measured (incl. 0.7 other), replica needs ~2.0, margin 25%"
     )
 
@@ -621,7 +624,8 @@ def test_condition_score() -> None:
     assert condition.name == "condition"
     scores = {
         cond: condition.score(
-            NodeState(node.node, (), cond, (), None, None, None, None, 0)  # type: ignore[arg-type]
+            NodeState(node.node, (), cond, (), None, None, None, None, 0),  # type: ignore[arg-type]
+            Ask(1_000, {}),
         )
         for cond in ("ok", "unknown", "warm", "hot")
     }
@@ -634,7 +638,7 @@ def test_rack_room_counts_whole_replicas_left() -> None:
     node = node_state(rack)
     # After a 2 000 W replica, 5 000 left: 2 more (2.5 rounded down).
     assert rack_room.replicas_left(node, 2_000) == 2
-    assert rack_room.score(node, 2_000) == -2
+    assert rack_room.score(node, Ask(2_000, {})) == -2
     # 7 000 W: exactly none left after it; 7 001 W: past the room, still none (not −1).
     assert rack_room.replicas_left(node, 7_000) == 0
     assert rack_room.replicas_left(node, 7_001) == 0
@@ -643,9 +647,9 @@ def test_rack_room_counts_whole_replicas_left() -> None:
     assert rack_room.replicas_left(node_state(domain_state("pdu/a")), 2_000) is None
     assert rack_room.replicas_left(node_state(domain_state(cap=None)), 2_000) is None
     assert rack_room.replicas_left(node, 0) is None
-    assert rack_room.score(node_state(), 2_000) == 0
+    assert rack_room.score(node_state(), Ask(2_000, {})) == 0
     # A budgeted rack with room ranks before one with no budget; one with none left ties it.
-    assert rack_room.score(node, 7_000) == 0
+    assert rack_room.score(node, Ask(7_000, {})) == 0
 
 
 def test_spread_counts_the_same_model_in_the_rack_and_pdus(make_site: Any) -> None:
@@ -669,15 +673,20 @@ def test_spread_counts_the_same_model_in_the_rack_and_pdus(make_site: Any) -> No
     )
     view = site.view()
     assert spread.name == "spread"
-    assert [spread.score(view.node(n), "llama", view) for n in ("n1", "n2", "n3", "n4")] == [
+    assert [
+        spread.score(view.node(n), Ask(0, view.spread_counts("llama")))
+        for n in ("n1", "n2", "n3", "n4")
+    ] == [
         3,
         2,  # rack/r1 (its own) + pdu/a
         2,  # rack/r2 + pdu/b
         0,
     ]
-    assert spread.score(view.node("n1"), "mistral", view) == 3  # its own rack and pdus
-    assert spread.score(view.node("n4"), "mistral", view) == 0
-    assert spread.score(view.node("unknown"), "llama", view) == 0
+    assert (
+        spread.score(view.node("n1"), Ask(0, view.spread_counts("mistral"))) == 3
+    )  # its own rack and pdus
+    assert spread.score(view.node("n4"), Ask(0, view.spread_counts("mistral"))) == 0
+    assert spread.score(view.node("unknown"), Ask(0, view.spread_counts("llama"))) == 0
     # Everything else equal, fewer of the same model first.
     assert site.decide(replica(1, 10), ["n1", "n2", "n3", "n4"]).order == ["n4", "n2", "n3", "n1"]
 
@@ -693,7 +702,7 @@ def test_spread_counts_where_a_reservation_was_made_when_membership_is_gone(
     )
     view = site.view()
     assert view.replicas_by_model == {("llama", ref("rack/r1")): 1}
-    assert spread.score(view.node("n1"), "llama", view) == 1
+    assert spread.score(view.node("n1"), Ask(0, view.spread_counts("llama"))) == 1
     assert view.domain(ref("rack/r1")).reserved == 100
 
 
@@ -701,7 +710,7 @@ def test_spread_without_reservations() -> None:
     view = View(
         make_facility(), make_snapshot({"n1": ["rack/r1"]}), NOW, frozenset(PARTS), (), {}, {}
     )
-    assert spread.score(view.node("n1"), "llama", view) == 0
+    assert spread.score(view.node("n1"), Ask(0, view.spread_counts("llama"))) == 0
 
 
 # --- observe mode -----------------------------------------------------------------------------
@@ -719,29 +728,33 @@ def observe_site(make_site: Any, mode: str) -> Site:
     )
 
 
-def test_observe_refuses_nothing_and_keeps_the_scheduler_order(make_site: Any) -> None:
+def test_observe_refuses_only_holds_and_keeps_the_scheduler_order(make_site: Any) -> None:
     site = observe_site(make_site, "observe")
     answer = site.answer(replica(1, 950), ["n3", "n1", "n4", "n2"])
     assert answer["mode"] == "observe"
-    assert answer["order"] == ["n3", "n1", "n4", "n2"]
-    assert [n["allowed"] for n in answer["nodes"]] == [True] * 4
-    assert [n["reasons"] for n in answer["nodes"]] == [[]] * 4
+    # A hold is an order, enforced in every mode (issue 17); the rest would be refused.
+    assert answer["order"] == ["n3", "n1", "n4"]
+    assert [n["allowed"] for n in answer["nodes"]] == [True, True, True, False]
+    assert [n["reasons"] for n in answer["nodes"]] == [[], [], [], ["rack r2 held: maintenance"]]
     assert [n["would_refuse"] for n in answer["nodes"]] == [
         ["rack r3: 0.0 of 1.0 kW reserved, replica needs ~0.9, margin 10%"],
         ["rack r1 hot"],
         [],
-        ["rack r2 held: maintenance"],
+        [],
     ]
     assert answer["summary"] == (
-        "observe mode: 4/4 nodes allowed, 3 would be refused (1 power_cap, 1 hot, 1 held)"
+        "observe mode: 3/4 nodes allowed, 2 would be refused (1 power_cap, 1 hot, 1 held)"
     )
     assert answer["nodes"][2]["scores"]["condition"] == 1  # warm, scored as in enforce
-    assert "scores" not in answer["nodes"][0]
+    assert answer["nodes"][0]["scores"]["rack_room"] == 0
+    assert "scores" not in answer["nodes"][3]
     # Reserving is not refused either: the reservation is made, the verdict kept.
     outcome = site.reserve("n1", replica(1, 950))
     assert outcome.created
     assert outcome.verdict is not None
-    assert outcome.verdict.refusals == [("hot", "rack r1 hot")]
+    assert outcome.verdict.refusals == []
+    assert outcome.verdict.would_refuse == [("hot", "rack r1 hot")]
+    assert not site.reserve("n2", replica(1, 950)).created  # held
 
 
 def test_observe_with_nothing_refused(make_site: Any) -> None:

@@ -37,7 +37,8 @@ def router(service: Service, require_token: RequireToken) -> APIRouter:
         verdict = outcome.verdict
         if verdict is not None:
             mode = service.state.view().mode
-            rules = Counter(dict.fromkeys((rule for rule, _ in verdict.refusals), 1))
+            flagged = (*verdict.refusals, *verdict.would_refuse)  # applied, and observed
+            rules = Counter(dict.fromkeys((rule for rule, _ in flagged), 1))
             service.counters.count("reservation", mode, 1, rules, 1 if verdict.refusals else 0)
         if outcome.reservation is None:
             assert verdict is not None
@@ -58,8 +59,8 @@ def router(service: Service, require_token: RequireToken) -> APIRouter:
                 409,
             )
         content = outcome.reservation.as_json()
-        if verdict is not None and verdict.refusals:  # observe mode
-            content["would_refuse"] = [reason for _, reason in verdict.refusals]
+        if verdict is not None and verdict.would_refuse:  # an observed concern's
+            content["would_refuse"] = [reason for _, reason in verdict.would_refuse]
         content["missing"] = list(outcome.missing)
         would = content.get("would_refuse", [])
         service.decisions.record(

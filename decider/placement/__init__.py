@@ -1,16 +1,25 @@
-"""Placement decisions (DESIGN.md §5): filters that refuse a node, then keys that order the rest.
+"""Placement decisions (DESIGN.md §5): filters that refuse a node, then scores that order the
+rest. `judge` runs every filter on one node, `decide` judges the candidates and orders them.
 
-Each rule is one module with a `name` (its reason code in metrics) and says what it does
-with a node that has no data:
+The rules are modules of their own, registered once in decider.placement.rules (their
+names are the reason codes in metrics; each says what it does with a node that has no
+data), reading the plain figures of decider.placement.states that the View builds:
 
-- filters on one domain, no estimate needed: `held`, `hot`, `over_cap` (STATIC_FILTERS);
-- the filter that needs the replica's estimate: `power_cap`;
-- ordering keys, lower first: `condition`, `rack_room`, `spread`, then the scheduler's order;
+- filters on one domain or phase, no estimate needed: `held`, `hot`, `over_cap`
+  (rules.DOMAIN_FILTERS): the View has the registry run them once per domain and View;
+  `judge` gathers them for the node's domains and phases;
+- the filter that needs the replica's estimate: `power_cap`, which `judge` calls on each
+  domain and phase of a node the replica would take past its least room;
+- the ordering scores, lower first (rules.ORDER): `condition`, `rack_room`, `spread`, then
+  the scheduler's order;
 - before them all, when a request offers alternative profiles, `profile_choice` picks the
   replica they judge (imported by the API, not here: it reads decider.profiles).
 
-`observe` mode runs every rule, refuses nothing, keeps the scheduler's order and reports
-what it would have refused (`would_refuse`).
+Modes are per concern (docs/decider.md "Observe and enforce"): a refusal of an observed
+concern is reported in `would_refuse` and not applied, and an observed concern's score
+orders nothing; with no concern enforced the scheduler's order stands. A hold is enforced
+in every mode. The answer cache (decider.placement.answers) sits beside this module and
+serves the same answers; nothing here knows of it.
 """
 
 from __future__ import annotations
@@ -20,21 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decider.models import Replica
-from decider.placement import (
-    condition,
-    held,
-    hot,
-    over_cap,
-    phases,
-    power_cap,
-    rack_room,
-    spread,
-)
+from decider.placement import rules
 from decider.placement.estimate import Estimate, estimate
-from decider.placement.view import NodeState, View
+from decider.placement.rules import ORDER_KEYS, RULES
+from decider.placement.states import Ask, NodeState, Refusal, some
+from decider.placement.view import View
 
-STATIC_FILTERS = (held, hot, over_cap)
-RULES = (*(rule.name for rule in STATIC_FILTERS), power_cap.name)
+__all__ = ["ORDER_KEYS", "RULES", "Decision", "Verdict", "decide", "judge", "missing"]
 
 _GAPS = {
     "limit": "GPU power limit unknown for {nodes}: estimated at the site's largest, {limit:g} W",
@@ -48,62 +49,64 @@ _GAPS = {
 
 @dataclass
 class Verdict:
-    """One node's verdict; `refusals` are (rule, reason) whatever the mode."""
+    """One node's verdict: `refusals` (rule, reason) applied, `would_refuse` those of
+    observed concerns, reported only."""
 
     node: NodeState
     estimate: Estimate
-    refusals: list[tuple[str, str]]
+    refusals: list[Refusal]
     headroom_watts: float | None
+    #: Its ordering scores (rules.ORDER), then its place among the candidates; empty: refused.
     key: tuple[float, ...] = ()
+    would_refuse: list[Refusal] = field(default_factory=list)
 
 
 @dataclass
 class Decision:
-    mode: str
+    mode: str  # `enforce` where any concern is enforced (View.mode)
     verdicts: list[Verdict]
     order: list[str]
     missing: list[str]
     refusals_by_rule: Counter[str] = field(default_factory=Counter)
+    #: The concerns enforced (View.enforced); every one unless said.
+    enforced: frozenset[str] = frozenset({rules.ALWAYS, *rules.CONCERNS})
 
     def summary(self) -> str:
         """kube-scheduler's FitError shape: "6/8 nodes allowed: 1 rack r1 hot, …"."""
         refused = sum(1 for verdict in self.verdicts if verdict.refusals)
+        flagged = sum(1 for verdict in self.verdicts if verdict.refusals or verdict.would_refuse)
         total = len(self.verdicts)
-        if self.mode == "observe":
-            head = f"observe mode: {total}/{total} nodes allowed, {refused} would be refused"
-        else:
-            head = f"{total - refused}/{total} nodes allowed"
-        if not refused:
+        head = f"{total - refused}/{total} nodes allowed"
+        observed = [c for c in rules.CONCERNS if c not in self.enforced]
+        if len(observed) == len(rules.CONCERNS):
+            head = f"observe mode: {head}, {flagged - refused} would be refused"
+        elif observed:
+            would = sum(1 for verdict in self.verdicts if verdict.would_refuse)
+            head += f", {would} would be refused ({' and '.join(observed)} observed)"
+        if not flagged:
             return head
-        rules = ", ".join(f"{count} {rule}" for rule, count in self.refusals_by_rule.most_common())
-        return f"{head} ({rules})"
+        counts = ", ".join(f"{count} {rule}" for rule, count in self.refusals_by_rule.most_common())
+        return f"{head} ({counts})"
 
     def as_json(self) -> dict[str, Any]:
-        observe = self.mode == "observe"
+        observing = not self.enforced.issuperset(rules.CONCERNS)
         nodes = []
         append = nodes.append
         for verdict in self.verdicts:
             node = verdict.node
             reasons = [reason for _, reason in verdict.refusals] if verdict.refusals else []
-            headroom = verdict.headroom_watts
             entry: dict[str, Any] = {
                 "node": node.node,
-                "allowed": observe or not reasons,
+                "allowed": not reasons,
                 "estimate_watts": verdict.estimate.watts,
-                "reasons": [] if observe else reasons,
+                "reasons": reasons,
                 "condition": node.condition,
-                "headroom_watts": headroom,
+                "headroom_watts": verdict.headroom_watts,
             }
-            if observe:
-                entry["would_refuse"] = reasons
-            key = verdict.key
-            if key:
-                entry["scores"] = {
-                    "condition": key[0],
-                    "rack_room": key[1],
-                    "spread": key[2],
-                    "scheduler_order": key[3],
-                }
+            if observing:
+                entry["would_refuse"] = [reason for _, reason in verdict.would_refuse]
+            if verdict.key:
+                entry["scores"] = dict(zip(ORDER_KEYS, verdict.key, strict=True))
             append(entry)
         return {
             "mode": self.mode,
@@ -114,9 +117,6 @@ class Decision:
         }
 
 
-ORDER_KEYS = (condition.name, rack_room.name, spread.name, "scheduler_order")
-
-
 def judge(
     view: View,
     replica: Replica,
@@ -124,9 +124,12 @@ def judge(
     site_limit: float | None,
     guess: Estimate | None = None,
 ) -> Verdict:
-    """Every filter on one node (`guess`: its estimate, when the caller has it already)."""
+    """Every filter on one node (`guess`: its estimate, when the caller has it already),
+    each refusal applied or, of an observed concern, reported (`would_refuse`)."""
     if guess is None:
         guess = estimate(replica, node, view.facility, site_limit)
+    # The domain filters of the node's rack, pdus and phases (rules.domain_refusals, run
+    # once per domain and View where the View builds them), then of its row, room and site.
     refusals = list(node.refusals)
     room = node.room
     if node.coarse:  # the node's row, room and site, as of this view
@@ -138,27 +141,29 @@ def judge(
             if shared.room is not None and (room is None or shared.room < room):
                 room = shared.room
     headroom = None if room is None else room - guess.watts
-    if headroom is not None and headroom < 0:
-        margin = view.facility.defaults.margin
-        for domain in view.all_domains(node):
-            reason = power_cap.refuse(domain, guess.watts, margin)
+    if headroom is not None and headroom < 0:  # past its least room: power_cap names each
+        for budgeted in (*view.all_domains(node), *node.phases):
+            reason = rules.power_cap.refuse(budgeted, guess.watts)
             if reason is not None:
-                refusals.append((power_cap.name, reason))
-        for phase in node.phases:  # a three-phase pdu's phases: budgets of their own
-            reason = phases.refuse(phase, guess.watts, margin)
-            if reason is not None:
-                refusals.append((power_cap.name, reason))
-    return Verdict(node, guess, refusals, headroom)
+                refusals.append((rules.power_cap.name, reason))
+    enforced = view.enforced
+    if not refusals or len(enforced) > len(rules.CONCERNS):  # every concern enforced
+        return Verdict(node, guess, refusals, headroom)
+    applied = [r for r in refusals if rules.concern_of(r[0]) in enforced]
+    observed = [r for r in refusals if rules.concern_of(r[0]) not in enforced]
+    return Verdict(node, guess, applied, headroom, would_refuse=observed)
 
 
 def decide(view: View, replica: Replica, candidates: list[str]) -> Decision:
     site_limit = view.site_gpu_limit_watts
     facility = view.facility
+    mask = view.ordering_mask
+    counts = view.spread_counts(replica.model)
     # Nodes of one hardware kind share an estimate: work it out once per kind.
     estimates: dict[tuple[float | None, int | None], Estimate] = {}
     verdicts = []
     tally: Counter[str] = Counter()
-    allowed: list[Verdict] = []
+    allowed: list[tuple[tuple[int, ...], int, Verdict]] = []
     for index, name in enumerate(candidates):
         node = view.node(name)
         kind = (node.gpu_limit_watts, node.gpus)
@@ -167,26 +172,22 @@ def decide(view: View, replica: Replica, candidates: list[str]) -> Decision:
             guess = estimates[kind] = estimate(replica, node, facility, site_limit)
         verdict = judge(view, replica, node, site_limit, guess)
         verdicts.append(verdict)
-        if verdict.refusals:
-            tally.update(dict.fromkeys((rule for rule, _ in verdict.refusals), 1))
-        else:
-            verdict.key = (
-                condition.score(node),
-                rack_room.score(node, guess.watts),
-                spread.score(node, replica.model, view),
-                index,
-            )
-            allowed.append(verdict)
-    if view.mode == "observe":
-        order = list(candidates)
-    else:
-        allowed.sort(key=_by_key)
-        order = [verdict.node.node for verdict in allowed]
-    return Decision(view.mode, verdicts, order, missing(view, verdicts), tally)
+        flagged = verdict.refusals + verdict.would_refuse
+        if flagged:
+            tally.update(dict.fromkeys((rule for rule, _ in flagged), 1))
+        if not verdict.refusals:
+            scored = rules.scores(node, Ask(guess.watts, counts))
+            verdict.key = (*scored, index)
+            allowed.append((rules.masked(scored, mask), index, verdict))
+    allowed.sort(key=_by_key)
+    order = [verdict.node.node for _, _, verdict in allowed]
+    return Decision(
+        view.mode, verdicts, order, missing(view, verdicts), tally, enforced=view.enforced
+    )
 
 
-def _by_key(verdict: Verdict) -> tuple[float, ...]:
-    return verdict.key
+def _by_key(item: tuple[tuple[int, ...], int, Verdict]) -> tuple[tuple[int, ...], int]:
+    return item[0], item[1]
 
 
 def missing(view: View, verdicts: list[Verdict]) -> list[str]:
@@ -195,7 +196,7 @@ def missing(view: View, verdicts: list[Verdict]) -> list[str]:
     unknown = [v.node.node for v in verdicts if not v.node.domains and not v.node.coarse]
     if unknown and "membership" in view.fresh:
         notes.append(
-            f"membership unknown for {_some(unknown)} (no llmgw:node_domain:membership): "
+            f"membership unknown for {some(unknown)} (no llmgw:node_domain:membership): "
             "no domain limits them"
         )
     gaps: dict[str, list[str]] = {}
@@ -205,15 +206,9 @@ def missing(view: View, verdicts: list[Verdict]) -> list[str]:
     for gap, nodes in gaps.items():
         notes.append(
             _GAPS[gap].format(
-                nodes=_some(nodes),
+                nodes=some(nodes),
                 limit=view.site_gpu_limit_watts or 0,
                 fallback=view.facility.fallback_gpu_watts or 0,
             )
         )
     return notes
-
-
-def _some(nodes: list[str], shown: int = 5) -> str:
-    if len(nodes) <= shown:
-        return f"node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)}"
-    return f"{len(nodes)} nodes ({', '.join(nodes[:shown])}, …)"

@@ -59,28 +59,18 @@ import weakref
 from collections import ChainMap, Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, overload
 
 from pydantic_core import to_json
 
 from decider.giving_way import PAUSE_EVERY, Pause, no_pause, paced
 from decider.models import Replica
-from decider.placement import (
-    Decision,
-    Verdict,
-    condition,
-    judge,
-    missing,
-    power_cap,
-    rack_room,
-    spread,
-)
+from decider.placement import Decision, Verdict, judge, missing, rules
 from decider.placement.entry_index import EntryIndex
 from decider.placement.estimate import Estimate, estimate
 from decider.placement.overlay import Layered
-
-if TYPE_CHECKING:
-    from decider.placement.view import DomainState, NodeState, View
+from decider.placement.states import Ask, DomainState, NodeState
+from decider.placement.view import View
 
 #: Replica shapes cached per View; past it the oldest shape is dropped.
 SHAPES_KEPT = 16
@@ -95,11 +85,11 @@ PREPARED_IDLE = 4
 #: Entries `prepare` works out per shape at most (those the bulk takeover left out): a
 #: rack's and its PDUs' nodes, a row's; about 50 µs each.
 PREPARED_NODES = 512
-#: Bits of a rank: the spread count, then the rack room's score, then the condition's: 43 in
-#: all, so that a rank is a float exactly (a list of floats sorts about 3 × faster than one
-#: of integers that large: CPython compares floats directly).
-_FIELD_BITS = 21
-_FIELD_LIMIT = 1 << _FIELD_BITS
+#: Per ordering score (decider.placement.rules.ORDER), its lowest packed value and bits: a
+#: rank is the scores packed in one whole number below 2**53, so that it is a float exactly
+#: (a list of floats sorts about 3 × faster than one of integers that large: CPython
+#: compares floats directly).
+_PACKING = rules.packing()
 _PLACEHOLDER = b'"scheduler_order":0'
 #: What follows an allowed node's `scheduler_order` value: the end of its `scores` and of
 #: the node (Decision.as_json puts them last); EntryIndex.join writes it after the index.
@@ -121,8 +111,8 @@ class Entry:
 
     name: str  # the node's
     verdict: Verdict
-    #: (condition, rack_room, spread): the ordering keys before the scheduler's order;
-    #: None: refused.
+    #: The ordering scores that order (rules.ORDER, an observed concern's as 0) before the
+    #: scheduler's order; None: refused.
     prefix: tuple[float, ...] | None
     #: The node's JSON object after a comma; for an allowed node up to its
     #: `scheduler_order` value, which the request fills in with the end of the object (_TAIL).
@@ -130,7 +120,7 @@ class Entry:
     #: An allowed node's prefix as one float, ordered as the prefixes are (Shape.packed says
     #: whether every prefix fitted); None: refused.
     rank: float | None
-    rules: tuple[str, ...]  # the rules that refuse it, each once
+    rules: tuple[str, ...]  # the rules that refuse it or would (observed), each once
     #: What the entry was worked out from, to tell whether a later View may take it over:
     #: the node's state and its least room, its row's, room's and site's included (their
     #: states: Shape.coarse).
@@ -182,7 +172,7 @@ class Refusals(Sequence[tuple[str, str]]):
             self._listed = [
                 (found.verdict.node.node, reason)
                 for found in self._refused
-                for _, reason in found.verdict.refusals
+                for _, reason in (*found.verdict.refusals, *found.verdict.would_refuse)
             ]
         return self._listed
 
@@ -212,7 +202,8 @@ class Shape:
         self._view = weakref.ref(view)
         self.replica = replica
         self.site_limit = view.site_gpu_limit_watts
-        self.observe = view.mode == "observe"
+        #: Every concern enforced: no entry has a would_refuse, `place` counts the refused.
+        self.enforcing = view.enforced.issuperset(rules.CONCERNS)
         #: Per node (a base shared with the shapes before and after, and this shape's own
         #: overlay: decider.placement.overlay); the base is never written once shared.
         self.entries: Layered[Entry] = Layered()
@@ -431,7 +422,6 @@ class Shape:
     def _alike(
         self, watts: float, before: tuple[DomainState, ...], after: tuple[DomainState, ...]
     ) -> bool:
-        margin = self.view.facility.defaults.margin
         memo = self._refusal_memo
         for state, now in zip(before, after, strict=True):
             if state is now:
@@ -439,8 +429,8 @@ class Shape:
             key = (watts, id(state), id(now))  # both kept alive by the tuples' holders
             same = memo.get(key)
             if same is None:
-                refused = power_cap.refuse(state, watts, margin)
-                same = memo[key] = refused == power_cap.refuse(now, watts, margin)
+                refused = rules.power_cap.refuse(state, watts)
+                same = memo[key] = refused == rules.power_cap.refuse(now, watts)
             if not same:
                 return False
         return True
@@ -490,13 +480,19 @@ class Shape:
         notes: list[str],
         strangers: Iterable[Entry] = (),
     ) -> str:
-        """Decision.summary, which depends on the counts alone: worked out once per counts."""
-        key = (judged, len(refused), tuple(tally.items()))
+        """Decision.summary, which depends on the counts alone: worked out once per counts.
+        `refused`: every entry that refuses or would (observed)."""
+        applied = sum(1 for e in refused if e.verdict.refusals)
+        observed = sum(1 for e in refused if e.verdict.would_refuse)
+        key = (judged, len(refused), applied, observed, tuple(tally.items()))
         found = self._summaries.get(key)
         if found is None:
             allowed = [] if len(refused) == judged else [self.allowed_one(refused, strangers)]
             verdicts = [e.verdict for e in refused] + allowed * (judged - len(refused))
-            found = Decision(self.view.mode, verdicts, order, notes, tally).summary()
+            view = self.view
+            found = Decision(
+                view.mode, verdicts, order, notes, tally, enforced=view.enforced
+            ).summary()
             if len(self._summaries) >= SUMMARIES_KEPT:
                 self._summaries.clear()
             self._summaries[key] = found
@@ -508,7 +504,7 @@ class Shape:
             e.verdict
             for entries in (self.entries.values(), strangers)
             for e in entries
-            if not e.verdict.refusals
+            if not e.verdict.refusals and not e.verdict.would_refuse
         )
 
     def _intern(self, states: tuple[DomainState, ...]) -> tuple[DomainState, ...]:
@@ -529,14 +525,12 @@ class Shape:
             guess = self._estimates[kind] = estimate(replica, node, view.facility, self.site_limit)
         verdict = judge(view, replica, node, self.site_limit, guess)
         prefix = None
-        if not verdict.refusals:  # decide's ordering keys, the scheduler's order left open
-            prefix = (
-                condition.score(node),
-                rack_room.score(node, guess.watts),
-                spread.score(node, replica.model, view),
-            )
-            verdict.key = (*prefix, 0)
-        alone = Decision(view.mode, [verdict], [], []).as_json()["nodes"][0]
+        if not verdict.refusals:  # decide's ordering scores, the scheduler's order left open
+            scored = rules.scores(node, Ask(guess.watts, view.spread_counts(replica.model)))
+            prefix = rules.masked(scored, view.ordering_mask)
+            verdict.key = (*scored, 0)
+        alone = Decision(view.mode, [verdict], [], [], enforced=view.enforced).as_json()
+        alone = alone["nodes"][0]
         head = b"," + to_json(alone)  # the comma before it; place drops the first one
         if prefix is not None:
             before, placeholder, tail = head.rpartition(_PLACEHOLDER)
@@ -567,7 +561,9 @@ class Shape:
             prefix=prefix,
             head=head,
             rank=rank,
-            rules=tuple(dict.fromkeys(rule for rule, _ in verdict.refusals)),
+            rules=tuple(
+                dict.fromkeys(rule for rule, _ in (*verdict.refusals, *verdict.would_refuse))
+            ),
             past=verdict.headroom_watts is not None and verdict.headroom_watts < 0,
             node=node,
             room=room,
@@ -597,6 +593,13 @@ def shape(view: View, replica: Replica) -> Shape:
             shapes.pop(next(iter(shapes)), None)
         shapes[replica] = found
     return found
+
+
+def settled(view: View, before: View, redone: set[str] | None) -> None:
+    """For a View that settled from `before` (View.settle, which returned `redone`): the
+    shapes whose entries it may take over."""
+    if view.same_basis(before):
+        view.__dict__[LINEAGE] = lineage(before, redone)
 
 
 def lineage(
@@ -699,9 +702,12 @@ def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
         ChainMap(strangers, cached.entries) if strangers else cached.entries
     )
     noted = cached.noted or any(entry.noted for entry in strangers.values())
-    if view.mode == "observe":
-        order = list(candidates)
-    elif not cached.packed:  # some key too large to pack: decide's tuples, the scheduler's last
+    # The entries that refuse, and (some concern observed) those that would: a walk of the
+    # candidates only where a concern is observed.
+    flagged = refused
+    if not cached.enforcing:
+        flagged = [found for name in candidates if (found := entries[name]).rules]
+    if not cached.packed:  # some key too large to pack: decide's tuples, the scheduler's last
         keyed = [
             (prefix, index)
             for index, name in enumerate(candidates)
@@ -709,9 +715,9 @@ def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
         ]
         keyed.sort()
         order = [candidates[index] for _, index in keyed]
-    tally = Counter(rule for found in refused for rule in found.rules)
+    tally = Counter(rule for found in flagged for rule in found.rules)
     notes = missing(view, [entries[name].verdict for name in candidates] if noted else [])
-    summary = cached.summary(len(candidates), refused, tally, order, notes, strangers.values())
+    summary = cached.summary(len(candidates), flagged, tally, order, notes, strangers.values())
     frame = to_json(
         {"mode": view.mode, "order": order, "nodes": [], "missing": notes, "summary": summary}
     )
@@ -725,7 +731,7 @@ def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
         judged=len(candidates),
         refused=len(refused),
         refusals_by_rule=tally,
-        refusals=Refusals(refused),
+        refusals=Refusals(flagged),
     )
 
 
@@ -748,14 +754,15 @@ def _swapped(before: View, after: View) -> dict[int, DomainState | None]:
 
 
 def _rank(prefix: tuple[float, ...]) -> float | None:
-    """(condition, rack_room, spread) as one float ordered as the tuples are (a whole number
-    below 2**53: exact); None where a score is not a small enough integer."""
-    worse, room, spread_count = prefix
-    if not all(type(score) is int for score in prefix):
-        return None
-    if not (0 <= worse <= 1 and -_FIELD_LIMIT < room <= 0 and 0 <= spread_count < _FIELD_LIMIT):
-        return None
-    packed = (int(worse) << _FIELD_BITS | int(room) + _FIELD_LIMIT - 1) << _FIELD_BITS | int(
-        spread_count
-    )
+    """The ordering scores as one float ordered as the tuples are (a whole number below
+    2**53: exact; the first score the most significant); None where a score is not an
+    integer within its packed range."""
+    packed = 0
+    for score, (lowest, bits) in zip(prefix, _PACKING, strict=True):
+        if type(score) is not int:
+            return None
+        offset = score - lowest
+        if not 0 <= offset < 1 << bits:
+            return None
+        packed = packed << bits | int(offset)
     return float(packed)

@@ -3,8 +3,8 @@
 A three-phase PDU trips one phase's breaker while its total still looks fine, so where the
 facility file gives a pdu `phases`, every phase is a budget beside the PDU's own:
 
-- a phase's cap is its `rating_watts` × `defaults.derating` (as a feed's), its limit
-  cap × (1 − margin);
+- a phase's cap is its `rating_watts` × the pdu's derating (as a feed's), its limit
+  cap × (1 − margin) with the pdu's margin;
 - its load is what is reserved on it plus its `other_watts` (Domain.phase_other_watts).
   Nothing measures a phase: `llmgw_domain_measured_watts` is per PDU and the PDU's total
   still counts against the PDU's cap as today; per node there is no reading a phase could
@@ -15,99 +15,50 @@ facility file gives a pdu `phases`, every phase is a budget beside the PDU's own
 
 The rules of the other domains apply to phases through the same reason codes:
 `over_cap` refuses the nodes of a phase already past its cap, `power_cap` a replica that
-would take a phase past its limit. A pdu without `phases` has none of this.
+would take a phase past its limit: each rule module refuses a phase as it does a domain
+(decider.placement.states.PhaseState reads alike), and `judge` calls them. A pdu without
+`phases` has none of this.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol
 
-from decider.facility import PHASES, DomainRef
-from decider.placement.over_cap import kw
+from decider.facility import PHASES, Domain, DomainRef, Facility
+from decider.placement.states import PhaseState, some
+from decider.snapshot import Snapshot
 
 if TYPE_CHECKING:
-    from decider.placement.view import View
     from decider.store import Reservation
 
 #: (pdu name, phase): where a phase's figures are kept.
 PhaseKey = tuple[str, str]
 
 
-@dataclass(frozen=True, slots=True)
-class PhaseState:
-    """One phase's figures in a view, watts; as DomainState, but reserved only."""
+class PhaseView(Protocol):
+    """What these functions read of a View (decider.placement.view, which imports this
+    module: typed by what it reads, not by the View)."""
 
-    pdu: DomainRef
-    phase: str
-    rating: float
-    cap: float
-    limit: float
-    other_watts: float
-    reserved: float
-    load: float
-    room: float  # under the limit; negative: past it
-    headroom: float  # under the cap
-    refusals: tuple[tuple[str, str], ...] = ()
-    load_basis: str = "reserved"
+    facility: Facility
+    snapshot: Snapshot
+    fresh: frozenset[str]
+    reservations: Mapping[str, Reservation]
 
     @property
-    def label(self) -> str:
-        """How reasons name it: `pdu r12-07-a phase L2`."""
-        return f"pdu {self.pdu.name} phase {self.phase}"
-
-    @classmethod
-    def build(
-        cls,
-        pdu: DomainRef,
-        phase: str,
-        rating: float,
-        derating: float,
-        margin: float,
-        other_watts: float,
-        reserved: float,
-    ) -> PhaseState:
-        from decider.placement import over_cap  # the registry imports this module
-
-        cap = rating * derating
-        limit = cap * (1 - margin)
-        load = reserved + other_watts
-        state = cls(
-            pdu=pdu,
-            phase=phase,
-            rating=rating,
-            cap=cap,
-            limit=limit,
-            other_watts=other_watts,
-            reserved=reserved,
-            load=load,
-            room=limit - load,
-            headroom=cap - load,
-        )
-        if load <= cap:
-            return state
-        reason = f"{state.label}: over its cap, {kw(load)} of {kw(cap)} kW reserved{_other(state)}"
-        return replace(state, refusals=((over_cap.name, reason),))
-
-
-def _other(state: PhaseState) -> str:
-    return f" (incl. {kw(state.other_watts)} other)" if state.other_watts else ""
-
-
-def refuse(state: PhaseState, estimate_watts: float, margin: float) -> str | None:
-    """power_cap on one phase: the replica would take it past cap × (1 − margin)."""
-    if estimate_watts <= state.room or state.load > state.cap:  # over its cap: over_cap's
-        return None
-    return (
-        f"{state.label}: {kw(state.load)} of {kw(state.cap)} kW reserved{_other(state)}, "
-        f"replica needs ~{kw(estimate_watts)}, margin {margin * 100:g}%"
-    )
+    def phased_pdus(self) -> dict[str, Domain]: ...
+    @property
+    def phase_reserved(self) -> dict[PhaseKey, float]: ...
+    @property
+    def members(self) -> dict[DomainRef, list[str]]: ...
+    def phase(self, pdu: str, phase: str) -> PhaseState: ...
+    def reservation_domains(self, reservation: Reservation) -> tuple[DomainRef, ...]: ...
 
 
 # --- what a view works out ------------------------------------------------------------------
 
 
-def phases_of(view: View, node: str, refs: tuple[DomainRef, ...]) -> list[PhaseKey]:
+def phases_of(view: PhaseView, node: str, refs: tuple[DomainRef, ...]) -> list[PhaseKey]:
     """The phases a load on `node`, member of `refs`, counts against."""
     phased = view.phased_pdus
     found: list[PhaseKey] = []
@@ -122,11 +73,11 @@ def phases_of(view: View, node: str, refs: tuple[DomainRef, ...]) -> list[PhaseK
     return found
 
 
-def reservation_phases(view: View, reservation: Reservation) -> list[PhaseKey]:
+def reservation_phases(view: PhaseView, reservation: Reservation) -> list[PhaseKey]:
     return phases_of(view, reservation.node, view.reservation_domains(reservation))
 
 
-def reserved_by_phase(view: View) -> dict[PhaseKey, float]:
+def reserved_by_phase(view: PhaseView) -> dict[PhaseKey, float]:
     totals: dict[PhaseKey, float] = {}
     if not view.phased_pdus:
         return totals
@@ -136,28 +87,28 @@ def reserved_by_phase(view: View) -> dict[PhaseKey, float]:
     return totals
 
 
-def phase_state(view: View, pdu: str, phase: str) -> PhaseState:
+def phase_state(view: PhaseView, pdu: str, phase: str) -> PhaseState:
     domain = view.phased_pdus[pdu]
     facility = view.facility
     return PhaseState.build(
         pdu=DomainRef("pdu", pdu),
         phase=phase,
         rating=domain.phases[phase].rating_watts,
-        derating=facility.defaults.derating,
-        margin=facility.defaults.margin,
+        derating=facility.derating("pdu", pdu),
+        margin=facility.margin("pdu", pdu),
         other_watts=domain.phase_other_watts(phase),
         reserved=view.phase_reserved.get((pdu, phase), 0.0),
     )
 
 
-def pdu_phases(view: View, pdu: str) -> tuple[PhaseState, ...]:
+def pdu_phases(view: PhaseView, pdu: str) -> tuple[PhaseState, ...]:
     """Every phase of a phased pdu, L1 to L3; empty for a pdu without phases."""
     if pdu not in view.phased_pdus:
         return ()
     return tuple(view.phase(pdu, phase) for phase in PHASES)
 
 
-def phase_members(view: View, pdu: str) -> dict[str | None, list[str]]:
+def phase_members(view: PhaseView, pdu: str) -> dict[str | None, list[str]]:
     """The pdu's member nodes by the phase the file gives them; None: no phase given."""
     found: dict[str | None, list[str]] = {}
     for node in sorted(view.members.get(DomainRef("pdu", pdu), ())):
@@ -165,7 +116,7 @@ def phase_members(view: View, pdu: str) -> dict[str | None, list[str]]:
     return found
 
 
-def notes(view: View) -> list[str]:
+def notes(view: PhaseView) -> list[str]:
     """For `missing`: the members of phased pdus with no phase in the file (counted against
     every phase), and phases the file gives a node on a pdu Prometheus does not put it on."""
     if not view.phased_pdus or "membership" not in view.fresh:
@@ -176,7 +127,7 @@ def notes(view: View) -> list[str]:
     found = []
     if unphased:
         found.append(
-            f"no phase in the facility file for {_some(unphased)}: counted against every "
+            f"no phase in the facility file for {some(unphased)}: counted against every "
             "phase of the pdu"
         )
     elsewhere = [
@@ -187,13 +138,7 @@ def notes(view: View) -> list[str]:
     ]
     if elsewhere:
         found.append(
-            f"the facility file gives a phase to {_some(elsewhere)}, but the node is not "
+            f"the facility file gives a phase to {some(elsewhere)}, but the node is not "
             "among that pdu's members: unused"
         )
     return found
-
-
-def _some(items: list[str], shown: int = 5) -> str:
-    if len(items) <= shown:
-        return f"node{'s' if len(items) > 1 else ''} {', '.join(items)}"
-    return f"{len(items)} nodes ({', '.join(items[:shown])}, …)"

@@ -4,14 +4,19 @@ more first (DESIGN.md §5, rule 3).
 Counted in replicas rather than watts so that racks with room for as many more replicas tie,
 and the spread preference decides between them. A node with no data never ranks best: a
 rack with no budget, or a node whose rack is unknown, scores as a rack with room for no
-more (0), after every budgeted rack that still has room.
+more (0), after every budgeted rack that still has room. Concern `power`.
 """
 
 from __future__ import annotations
 
-from decider.placement.view import NodeState
+import math
+
+from decider.placement.states import Ask, NodeState
 
 name = "rack_room"
+concern = "power"
+reads = frozenset({"rack"})
+lowest, highest = -math.inf, 0
 
 
 def replicas_left(node: NodeState, estimate_watts: float) -> int | None:
@@ -23,6 +28,6 @@ def replicas_left(node: NodeState, estimate_watts: float) -> int | None:
     return int(left) if left > 0 else 0
 
 
-def score(node: NodeState, estimate_watts: float) -> int:
-    left = replicas_left(node, estimate_watts)
+def score(node: NodeState, ask: Ask) -> int:
+    left = replicas_left(node, ask.watts)
     return 0 if left is None else -left

@@ -26,113 +26,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 from decider import overrides as overrides_text
 from decider.facility import Domain, DomainRef, Facility
 from decider.giving_way import Pause, no_pause, paced
+from decider.placement import held as held_rule
+from decider.placement import evidence, phases, rules
 from decider.placement.overlay import Layered
+from decider.placement.phases import PhaseKey
+from decider.placement.states import (
+    CONDITION_RANK,
+    FINE_KINDS,
+    DomainState,
+    NodeState,
+    PhaseState,
+)
 from decider.snapshot import Condition, Snapshot
 from decider.store import Hold, Override, Reservation
 
-if TYPE_CHECKING:
-    from decider.placement.phases import PhaseKey, PhaseState
-
-#: Kinds a node's cached state covers; a node's row, room and site are read per request.
-FINE_KINDS = frozenset({"rack", "pdu"})
-#: Worst first: a node takes the worst condition among its domains.
-CONDITION_RANK: dict[Condition, int] = {"hot": 3, "warm": 2, "ok": 1, "unknown": 0}
-
-
-@dataclass(frozen=True, slots=True)
-class DomainState:
-    """One domain's figures in this view. Watts; None where there is no figure.
-
-    Derived figures are worked out once, when the view builds the domain (`build`):
-    - `load`: the larger of reserved and measured, plus what no node reports (DESIGN.md §5);
-      `load_basis` says which of the two it is;
-    - `room`: watts left under the limit (negative: past it); None without a budget;
-    - `headroom`: watts left under the cap itself (what /metrics publishes);
-    - `refusals`: (rule, reason) of the rules that need no estimate (held, hot, over_cap).
-    """
-
-    ref: DomainRef
-    cap: float | None  # the facility file's cap (DESIGN.md §5); None: no budget
-    limit: float | None  # cap * (1 - margin): past this, placements are refused
-    other_watts: float
-    reserved: float
-    measured: float | None  # None: no fresh measurement
-    condition: Condition
-    reading_age: float | None
-    held: Hold | None
-    load: float = 0.0
-    load_basis: str = "reserved"
-    room: float | None = None
-    headroom: float | None = None
-    refusals: tuple[tuple[str, str], ...] = ()
-
-    @classmethod
-    def build(
-        cls,
-        ref: DomainRef,
-        cap: float | None,
-        margin: float,
-        other_watts: float,
-        reserved: float,
-        measured: float | None,
-        condition: Condition,
-        reading_age: float | None,
-        held: Hold | None,
-    ) -> DomainState:
-        from decider.placement import STATIC_FILTERS  # the registry imports this module
-
-        basis = "measured" if measured is not None and measured > reserved else "reserved"
-        load = max(reserved, measured if measured is not None else 0.0) + other_watts
-        limit = None if cap is None else cap * (1 - margin)
-        state = cls(
-            ref=ref,
-            cap=cap,
-            limit=limit,
-            other_watts=other_watts,
-            reserved=reserved,
-            measured=measured,
-            condition=condition,
-            reading_age=reading_age,
-            held=held,
-            load=load,
-            load_basis=basis,
-            room=None if limit is None else limit - load,
-            headroom=None if cap is None else cap - load,
-        )
-        refusals = tuple(
-            (rule.name, reason)
-            for rule in STATIC_FILTERS
-            if (reason := rule.refuse(state)) is not None
-        )
-        return state if not refusals else replace(state, refusals=refusals)
-
-
-@dataclass(frozen=True, slots=True)
-class NodeState:
-    """A candidate node in this view: its domains and what they say before any estimate."""
-
-    node: str
-    domains: tuple[DomainState, ...]  # empty: the node's membership is unknown
-    condition: Condition  # the worst among its domains
-    refusals: tuple[tuple[str, str], ...]  # (rule, reason) from rules needing no estimate
-    room: float | None  # the least room among its budgeted domains
-    rack: DomainState | None
-    gpus: int | None  # physical GPUs, from the snapshot
-    gpu_limit_watts: float | None  # the largest enforced GPU power limit, from the snapshot
-    reserved_gpus: int
-    #: The node's row, room and site. A view builds `domains`, `refusals` and `room` from the
-    #: node's rack and pdus alone and reads these shared domains at each request: a
-    #: reservation changes them for every node, and rebuilding 10,000 nodes' states for it
-    #: would cost more than the placement. Empty: `domains` holds every domain.
-    coarse: tuple[DomainRef, ...] = ()
-    #: The phases its load counts against, of its three-phase pdus (decider.placement.phases);
-    #: their rooms are in `room`, their refusals in `refusals`.
-    phases: tuple[PhaseState, ...] = ()
+__all__ = ["CONDITION_RANK", "FINE_KINDS", "DomainState", "NodeState", "PhaseState", "View"]
 
 
 @dataclass(frozen=True)
@@ -150,7 +62,19 @@ class View:
 
     @property
     def mode(self) -> str:
-        return self.facility.mode
+        """`enforce` where any concern is enforced, else `observe` (the answers' `mode`)."""
+        return self.facility.overall_mode()
+
+    @cached_property
+    def enforced(self) -> frozenset[str]:
+        """The concerns enforced (decider.placement.rules): refusals of the others are
+        reported, not applied."""
+        return self.facility.enforced()
+
+    @cached_property
+    def ordering_mask(self) -> tuple[bool, ...]:
+        """Which ordering scores order (rules.ordering_mask)."""
+        return rules.ordering_mask(self.enforced)
 
     def membership(self, node: str) -> tuple[DomainRef, ...] | None:
         """The node's domains; None when the membership part is missing or the node unknown."""
@@ -248,17 +172,26 @@ class View:
             if override is not None and override.active(self.now) and condition != "unknown":
                 condition = "ok"
         age = self.snapshot.reading_ages.get(ref) if "ages" in self.fresh else None
-        return DomainState.build(
+        state = DomainState.build(
             ref=ref,
             cap=cap,
-            margin=facility.defaults.margin,
+            margin=facility.margin(ref.kind, ref.name),
             other_watts=declared.other_watts if declared is not None else 0.0,
             reserved=self.reserved_watts.get(ref, 0.0),
             measured=measured,
             condition=condition,
             reading_age=age,
             held=self.holds.get(ref),
+            evidence=evidence.of(
+                condition,
+                self.snapshot.evidence.get(ref) if "evidence" in self.fresh else None,
+                self.snapshot.hot_seconds.get(ref) if "hot" in self.fresh else None,
+            ),
         )
+        # The filters that need no estimate, once per domain and View (the registry's:
+        # decider.placement.rules); the answer cache compares them between Views.
+        refusals = rules.domain_refusals(state)
+        return replace(state, refusals=refusals) if refusals else state
 
     @cached_property
     def _nodes(self) -> Layered[NodeState]:
@@ -272,8 +205,6 @@ class View:
 
     @cached_property
     def phase_reserved(self) -> dict[PhaseKey, float]:
-        from decider.placement import phases  # the registry imports this module
-
         return phases.reserved_by_phase(self)
 
     @cached_property
@@ -282,11 +213,12 @@ class View:
 
     def phase(self, pdu: str, phase: str) -> PhaseState:
         """One phase of a phased pdu, worked out once per view (as `node`)."""
-        from decider.placement import phases
-
         state = self._phases.get((pdu, phase))
         if state is None:
             state = phases.phase_state(self, pdu, phase)
+            refusals = rules.domain_refusals(state)  # the filters, on a phase as on a domain
+            if refusals:
+                state = replace(state, refusals=refusals)
             self._phases[(pdu, phase)] = state
         return state
 
@@ -313,13 +245,15 @@ class View:
         previous: View,
         changed: tuple[Reservation, ...] = (),
         held: tuple[DomainRef, ...] = (),
-    ) -> None:
+    ) -> set[str] | None:
         """Start from `previous`'s figures (same basis) after reservations `changed` (added,
         removed or confirmed) and holds on `held` changed; only what they touch is redone.
+        The nodes whose state was worked out anew (None: unknown, every one; the answer
+        cache takes over the rest, decider.placement.answers.lineage).
 
         Figures `previous` never worked out are left to be worked out on first use."""
         if not self.same_basis(previous):
-            return
+            return None
         cache = previous.__dict__
         added = [r for r in changed if r.id not in previous.reservations]
         removed = [r for r in changed if r.id not in self.reservations]
@@ -362,8 +296,6 @@ class View:
                             del counts[ref]
             mine["_spread"] = spread
         if "phase_reserved" in cache:
-            from decider.placement import phases
-
             by_phase = dict(cache["phase_reserved"])
             for reservation, sign in [(r, 1.0) for r in added] + [(r, -1.0) for r in removed]:
                 for key in phases.reservation_phases(previous, reservation):
@@ -403,10 +335,7 @@ class View:
             # The base shared, the stale marked in a copy of the small overlay (overlay.py):
             # the write touches the names it changed, not the site's 10,000.
             mine["_nodes"] = cache["_nodes"].settled(redone)
-        # Placement answers (decider.placement.answers): entries that still hold carry over.
-        from decider.placement import answers
-
-        mine[answers.LINEAGE] = answers.lineage(previous, redone)
+        return redone
 
     def node(self, name: str) -> NodeState:
         """The node's state, worked out once per view (a dict write is atomic under the GIL:
@@ -450,8 +379,6 @@ class View:
             refusals = self._holds_as_last_known(name)
         node_phases: tuple[PhaseState, ...] = ()
         if refs and self.phased_pdus:
-            from decider.placement import phases
-
             node_phases = tuple(self.phase(*key) for key in phases.phases_of(self, name, refs))
             for phase in node_phases:
                 refusals += phase.refusals
@@ -476,8 +403,6 @@ class View:
     def _holds_as_last_known(self, name: str) -> tuple[tuple[str, str], ...]:
         """A hold refuses whatever the data (held.py): with no fresh membership, the node's
         last known domains (the snapshot's, else those its reservations were made in)."""
-        from decider.placement import held  # the registry imports this module
-
         known = set(self.snapshot.membership.get(name, ()))
         for reservation in self.reservations.values():
             if reservation.node == name:
@@ -486,11 +411,7 @@ class View:
         for ref in sorted(known):
             hold = self.holds.get(ref)
             if hold is not None:
-                reason = (
-                    f"{ref.kind} {ref.name} held: {hold.reason} "
-                    "(from the node's last known domains)"
-                )
-                found.append((held.name, reason))
+                found.append((held_rule.name, held_rule.refuse_last_known(ref, hold)))
         return tuple(found)
 
     def all_domains(self, node: NodeState) -> tuple[DomainState, ...]:
@@ -529,8 +450,6 @@ class View:
             if unknown:
                 notes.append(f"no fresh condition for {_some(unknown)}: unknown, placed as ok")
         if self.phased_pdus:
-            from decider.placement import phases
-
             notes += phases.notes(self)
         return tuple(notes)
 
