@@ -176,6 +176,9 @@ SERVER_TESTS: dict[str, frozenset[str] | None] = {
         {"test_the_demo_tells_its_story_once", "test_ctrl_c_stops_the_demo_and_every_server"}
     ),
     "test_energy_victoriametrics.py": None,
+    "test_evidence.py": frozenset(
+        {"test_a_real_decider_names_the_evidence_it_reads_from_prometheus"}
+    ),
     "test_exporter_e2e.py": None,
     "test_exporter_page.py": None,
     "test_overrides.py": frozenset(

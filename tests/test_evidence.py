@@ -12,18 +12,22 @@ from types import MappingProxyType
 import pytest
 import yaml
 
-from decider import shedding
+from decider import placement, shedding
 from decider.config import Staleness
 from decider.domains_json import domain_json
 from decider.facility import DomainRef, Facility
+from decider.models import Replica
 from decider.placement.evidence import describe, duration
 from decider.prometheus_parse import Dropped, Sample, parse_part
 from decider.refresher import queries
 from decider.snapshot import PARTS, Evidence, Part, Snapshot
 from decider.state import State
 from decider.store import Store
+from llmgw_facility.cli import main as cli_main
+from tests.decider_harness import Decider, FakePrometheus, Readings, poll
 
 RACK = DomainRef("rack", "r12-07")
+REPLICA = Replica(model="m", profile="p", gpus=1, power_watts=10)
 ROW = DomainRef("row", "12")
 
 
@@ -84,8 +88,8 @@ ROW = DomainRef("row", "12")
             60,
             "rack r12-07 hot: inlet 26 °C, cooling down for 1 min",
         ),
-        # Missing data: how long alone, or nothing (the caller's plain words).
-        (RACK, "hot", None, 120, "rack r12-07 hot for 2 min"),
+        # Missing data: nothing, and the caller keeps its plain words.
+        (RACK, "hot", None, 120, None),
         (RACK, "hot", Evidence(), None, None),
         (RACK, "hot", None, None, None),
         (RACK, "ok", Evidence(inlet_celsius=40, inlet_hot_celsius=32), 60, None),
@@ -275,9 +279,11 @@ def test_the_domain_table_names_each_warm_or_hot_domains_evidence(tmp_path):
     )
 
 
-def test_without_evidence_the_domain_table_says_how_long_and_shedding_keeps_its_words(tmp_path):
+def test_without_evidence_the_words_are_todays(tmp_path):
     state = state_with(tmp_path, {}, shedding_on=True)
-    assert domain_json(state.view(), RACK)["evidence"] == "rack r12-07 hot for 6 min"
+    assert domain_json(state.view(), RACK)["evidence"] is None
+    verdict = placement.decide(state.view(), REPLICA, ["n1"]).as_json()["nodes"][0]
+    assert verdict["reasons"] == ["rack r12-07 hot", "row 12 hot"]
     plan = shedding.plan(state.view(), T0, {})
     assert [entry["reason"] for entry in plan.entries] == [
         "rack r12-07 hot for 6m, shed after 10m",
@@ -292,3 +298,67 @@ def test_the_shedding_plan_names_what_holds_each_domain_hot(tmp_path):
         "row 12 hot: cooling unit in alarm for 4 min, shed after 10m",
     ]
     assert plan.entries[1]["evidence"] == "row 12 hot: cooling unit in alarm for 4 min"
+
+
+def test_a_refusal_names_what_holds_each_domain_hot_and_how_long(tmp_path):
+    verdict = placement.decide(state_with(tmp_path, EVIDENCE).view(), REPLICA, ["n1"])
+    assert verdict.as_json()["nodes"][0]["reasons"] == [
+        "rack r12-07 hot: inlet 33.1 °C over its 32 °C hot threshold for 6 min",
+        "row 12 hot: cooling unit in alarm for 4 min",
+    ]
+
+
+# --- through a real decider: its placements and the CLI's explain-placement --------------------
+
+
+def test_a_real_decider_names_the_evidence_it_reads_from_prometheus(tmp_path, capsys):
+    fake = FakePrometheus(
+        Readings(
+            membership={"n1": ["rack/r12-07", "row/12"], "n2": ["rack/r12-08", "row/12"]},
+            inventory=["rack/r12-07", "rack/r12-08", "row/12"],
+            conditions={"rack/r12-07": "hot", "rack/r12-08": "warm", "row/12": "ok"},
+            ages={"rack/r12-07": 14.0},
+            hot={"rack/r12-07": 360.0},
+            gpus={"n1": 8, "n2": 8},
+            evidence={
+                "rack/r12-07": {"inlet_celsius": 33.1, "inlet_hot_celsius": 32.0},
+                "rack/r12-08": {"gpus": 32, "gpus_thermally_throttled": 3, "warm_seconds": 90},
+            },
+        )
+    )
+    decider = Decider(tmp_path / "decider", fake.url, {"mode": "enforce"})
+    words = "rack r12-07 hot: inlet 33.1 °C over its 32 °C hot threshold for 6 min"
+    try:
+        decider.start()
+        body = {"replica": REPLICA.model_dump(), "candidates": ["n1", "n2"]}
+
+        def refused() -> list[str] | None:
+            answer = decider.post("/v1/placements", body).json()
+            return answer["nodes"][0]["reasons"] or None
+
+        assert poll(refused, "n1 refused") == [f"{words} (reading 14s old)"]
+        warm = decider.get("/v1/domains/rack/r12-08").json()
+        assert warm["evidence"] == "rack r12-08 warm: 3 of 32 GPUs thermally throttled for 1 min"
+        assert "rack r12-08 warm: 3 of 32 GPUs" in decider.get("/").text
+
+        replica = ["--model", "m", "--profile", "p", "--gpus", "1", "--power-watts", "10"]
+        code = cli_main(["explain-placement", "--decider", decider.url, *replica, "n1", "n2"])
+        assert code == 0
+        explained = capsys.readouterr().out.splitlines()
+        assert f"    - {words} (reading 14s old)" in explained
+        assert (
+            "    - placed after ok nodes: rack r12-08 warm: 3 of 32 GPUs thermally throttled "
+            "for 1 min" in explained
+        )
+
+        # Prometheus has no evidence for it any more: today's words.
+        fake.readings.evidence = {}
+
+        def plain() -> bool:
+            answer = decider.post("/v1/placements", body).json()
+            return answer["nodes"][0]["reasons"] == ["rack r12-07 hot (reading 14s old)"]
+
+        poll(plain, "today's words once the evidence is gone")
+    finally:
+        decider.close()
+        fake.close()
