@@ -177,7 +177,10 @@ SERVER_TESTS: dict[str, frozenset[str] | None] = {
     ),
     "test_energy_victoriametrics.py": None,
     "test_evidence.py": frozenset(
-        {"test_a_real_decider_names_the_evidence_it_reads_from_prometheus"}
+        {
+            "test_a_real_decider_names_the_evidence_it_reads_from_prometheus",
+            "test_victoria_metrics_reads_each_warm_or_hot_domains_evidence",
+        }
     ),
     "test_exporter_e2e.py": None,
     "test_exporter_page.py": None,

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from types import MappingProxyType
 
 import pytest
+import requests
 import yaml
 
 from decider import placement, shedding
@@ -25,6 +27,7 @@ from decider.state import State
 from decider.store import Store
 from llmgw_facility.cli import main as cli_main
 from tests.decider_harness import Decider, FakePrometheus, Readings, poll
+from tests.promstack import victoria_metrics
 
 RACK = DomainRef("rack", "r12-07")
 REPLICA = Replica(model="m", profile="p", gpus=1, power_watts=10)
@@ -132,90 +135,77 @@ def test_one_bad_evidence_series_is_left_out_alone():
 
 STEP_S = 30
 EVAL_S = 600
+SAMPLES = EVAL_S // STEP_S + 1  # 0 s to EVAL_S
 QUERY = queries(90, hot_lookback_seconds=900)["evidence"]
 THRESHOLD = "llmgw:domain_threshold:value"
 
 
-def steady(value: float) -> str:
-    return f"{value}x{EVAL_S // STEP_S}"
+def state_set(kind: str, name: str, states: list[tuple[str, int]]) -> dict[str, list[float]]:
+    """A domain's four condition series, `states` being (condition, samples) in order."""
+    return {
+        f'llmgw_domain_condition{{kind="{kind}",domain="{name}",condition="{state}"}}': [
+            1.0 if held == state else 0.0 for held, count in states for _ in range(count)
+        ]
+        for state in ("ok", "warm", "hot", "unknown")
+    }
+
+
+#: Rack r12-07 ok, then warm from 90 s, hot from 210 s: its inlet, thresholds and GPUs; row
+#: 12 hot throughout on a cooling alarm and its racks' share (its hottest node's inlet is not
+#: its evidence); rack r1 ok: nothing of it. Every series one value a step from 0 s.
+HISTORY: dict[str, list[float]] = {
+    **state_set("rack", "r12-07", [("ok", 3), ("warm", 4), ("hot", SAMPLES - 7)]),
+    **state_set("row", "12", [("hot", SAMPLES)]),
+    **state_set("rack", "r1", [("ok", SAMPLES)]),
+    **{
+        series: [value] * SAMPLES
+        for series, value in {
+            'llmgw_domain_inlet_temperature_celsius{kind="rack",domain="r12-07"}': 33.1,
+            'llmgw_domain_inlet_temperature_celsius{kind="rack",domain="r1"}': 22,
+            'llmgw_domain_inlet_temperature_celsius{kind="row",domain="12"}': 33.1,
+            f'{THRESHOLD}{{kind="rack",domain="r12-07",threshold="inlet_hot_celsius"}}': 32,
+            f'{THRESHOLD}{{kind="rack",domain="r1",threshold="inlet_hot_celsius"}}': 32,
+            # Not a threshold of the evidence: left out.
+            f'{THRESHOLD}{{kind="rack",domain="r12-07",threshold="gpu_slowdown_margin_celsius"}}': 5,  # noqa: E501
+            'llmgw:domain_gpus:count{kind="rack",domain="r12-07"}': 32,
+            'llmgw:domain_gpus_thermally_throttled:count{kind="rack",domain="r12-07"}': 3,
+            'llmgw:domain_gpus:count{kind="row",domain="12"}': 64,
+            'llmgw:domain_cooling_alarm{kind="row",domain="12",unit="crac-3"}': 1,
+            'llmgw:domain_racks_hot:ratio{kind="row",domain="12"}': 0.5,
+        }.items()
+    },
+}  # fmt: skip
+EXPECTED = {
+    ("rack", "r12-07", "inlet_celsius"): 33.1,
+    ("rack", "r12-07", "inlet_hot_celsius"): 32,
+    ("rack", "r12-07", "gpus"): 32,
+    ("rack", "r12-07", "gpus_thermally_throttled"): 3,
+    # The last evaluation not warm or hot at 60 s: 540 s at 600 s.
+    ("rack", "r12-07", "warm_seconds"): 540,
+    ("row", "12", "cooling_alarm"): 1,
+    ("row", "12", "racks_hot_ratio"): 0.5,
+    ("row", "12", "warm_seconds"): 600,  # its first sample: as far back as it goes
+}
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 def test_prometheus_reads_each_warm_or_hot_domains_evidence(tmp_path: Path):
-    """Rack r12-07 hot since 4 minutes (warm before, from 2 minutes): its inlet, thresholds,
-    GPUs and 8.5 minutes warm or hot; row 12 hot on a cooling alarm and its racks' share (its
-    hottest node's inlet is not its evidence); rack r1 ok: nothing of it."""
-
-    def condition(kind: str, name: str, states: list[tuple[str, int]]) -> list[dict[str, str]]:
-        # states: (condition, samples) in order; the state set's four series.
-        found = []
-        for state in ("ok", "warm", "hot", "unknown"):
-            values = " ".join(" ".join(["1" if s == state else "0"] * n) for s, n in states)
-            found.append(
-                {
-                    "series": f'llmgw_domain_condition{{kind="{kind}",domain="{name}",'
-                    f'condition="{state}"}}',
-                    "values": values,
-                }
-            )
-        return found
-
-    def one(series: str, value: float) -> dict[str, str]:
-        return {"series": series, "values": steady(value)}
-
-    samples = EVAL_S // STEP_S + 1
     inputs = [
-        *condition("rack", "r12-07", [("ok", 3), ("warm", 4), ("hot", samples - 7)]),
-        *condition("row", "12", [("hot", samples)]),
-        *condition("rack", "r1", [("ok", samples)]),
-        one('llmgw_domain_inlet_temperature_celsius{kind="rack",domain="r12-07"}', 33.1),
-        one('llmgw_domain_inlet_temperature_celsius{kind="rack",domain="r1"}', 22),
-        one('llmgw_domain_inlet_temperature_celsius{kind="row",domain="12"}', 33.1),
-        one(f'{THRESHOLD}{{kind="rack",domain="r12-07",threshold="inlet_hot_celsius"}}', 32),
-        one(f'{THRESHOLD}{{kind="rack",domain="r1",threshold="inlet_hot_celsius"}}', 32),
-        # Not a threshold of the evidence: left out.
-        one(f'{THRESHOLD}{{kind="rack",domain="r12-07",threshold="gpu_slowdown_margin_celsius"}}', 5),  # noqa: E501
-        one('llmgw:domain_gpus:count{kind="rack",domain="r12-07"}', 32),
-        one('llmgw:domain_gpus_thermally_throttled:count{kind="rack",domain="r12-07"}', 3),
-        one('llmgw:domain_gpus:count{kind="row",domain="12"}', 64),
-        one('llmgw:domain_cooling_alarm{kind="row",domain="12",unit="crac-3"}', 1),
-        one('llmgw:domain_racks_hot:ratio{kind="row",domain="12"}', 0.5),
-    ]  # fmt: skip
-    expected = {
-        ("rack", "r12-07", "inlet_celsius"): 33.1,
-        ("rack", "r12-07", "inlet_hot_celsius"): 32,
-        ("rack", "r12-07", "gpus"): 32,
-        ("rack", "r12-07", "gpus_thermally_throttled"): 3,
-        # The last evaluation not warm or hot at 60 s: 540 s at 600 s.
-        ("rack", "r12-07", "warm_seconds"): 540,
-        ("row", "12", "cooling_alarm"): 1,
-        ("row", "12", "racks_hot_ratio"): 0.5,
-        ("row", "12", "warm_seconds"): 600,  # its first sample: as far back as it goes
-    }
+        {"series": series, "values": " ".join(f"{value:g}" for value in values)}
+        for series, values in HISTORY.items()
+    ]
+    samples = [
+        {"labels": f'{{kind="{kind}",domain="{name}",figure="{figure}"}}', "value": value}
+        for (kind, name, figure), value in EXPECTED.items()
+    ]
+    test = {"expr": QUERY, "eval_time": f"{EVAL_S}s", "exp_samples": samples}
     test_file = tmp_path / "evidence_query_test.yml"
     test_file.write_text(
         yaml.safe_dump(
             {
                 "evaluation_interval": f"{STEP_S}s",
                 "tests": [
-                    {
-                        "interval": f"{STEP_S}s",
-                        "input_series": inputs,
-                        "promql_expr_test": [
-                            {
-                                "expr": QUERY,
-                                "eval_time": f"{EVAL_S}s",
-                                "exp_samples": [
-                                    {
-                                        "labels": f'{{kind="{kind}",domain="{name}",'
-                                        f'figure="{figure}"}}',
-                                        "value": value,
-                                    }
-                                    for (kind, name, figure), value in expected.items()
-                                ],
-                            }
-                        ],
-                    }
+                    {"interval": f"{STEP_S}s", "input_series": inputs, "promql_expr_test": [test]}
                 ],
             },
             width=10_000,
@@ -229,6 +219,43 @@ def test_prometheus_reads_each_warm_or_hot_domains_evidence(tmp_path: Path):
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_victoria_metrics_reads_each_warm_or_hot_domains_evidence(tmp_path: Path):
+    """The same history imported into VictoriaMetrics: the same figures, how long to within
+    one step (its subquery steps are aligned its own way)."""
+    start = (int(time.time()) // 3600 - 2) * 3600  # two hours back, on the hour
+    lines = [
+        f"{series} {value:g} {(start + index * STEP_S) * 1000}"
+        for series, values in HISTORY.items()
+        for index, value in enumerate(values)
+    ]
+    found: dict[tuple[str, str, str], float] = {}
+    with victoria_metrics(tmp_path / "vm", scrape_targets={}) as server:
+        imported = requests.post(
+            f"{server.url}/api/v1/import/prometheus", data="\n".join(lines) + "\n", timeout=10
+        )
+        assert imported.status_code == 204, imported.text
+        deadline = time.monotonic() + 30
+        while found.keys() != EXPECTED.keys() and time.monotonic() < deadline:
+            requests.get(f"{server.url}/internal/force_flush", timeout=10)
+            answer = requests.get(
+                f"{server.url}/api/v1/query",
+                params={"query": QUERY, "time": start + EVAL_S},
+                timeout=10,
+            ).json()
+            assert answer["status"] == "success", answer
+            found = {
+                (item["metric"]["kind"], item["metric"]["domain"], item["metric"]["figure"]): float(
+                    item["value"][1]
+                )
+                for item in answer["data"]["result"]
+            }
+            time.sleep(0.2)
+    assert found.keys() == EXPECTED.keys(), found
+    for key, value in EXPECTED.items():
+        tolerance = STEP_S if key[2] == "warm_seconds" else 1e-9
+        assert abs(found[key] - value) <= tolerance, (key, found[key], value)
 
 
 # --- the domain table and the shedding plan ---------------------------------------------------
