@@ -178,6 +178,10 @@ class DeciderConfig(_Model):
     refresh_interval: Duration = 15.0
     reservation_ttl: Duration = 300.0
     staleness: Staleness = Staleness()
+    #: Answer placements from the answer cache (decider.placement.answers); false: from the
+    #: rules directly, every candidate judged at each request (the same answers, slower on
+    #: a large site: for ruling the cache out).
+    placement_cache: bool = True
 
     @field_validator("listen")
     @classmethod

@@ -23,7 +23,7 @@ from decider.config import Staleness
 from decider.facility import DomainRef, Facility
 from decider.giving_way import Pause, no_pause, paced
 from decider.models import Replica, ReservationRequest
-from decider.placement import Verdict, answers, judge, missing
+from decider.placement import Verdict, answers, judge, missing, observed
 from decider.placement.view import View
 from decider.snapshot import INVENTORY_PARTS, Snapshot
 from decider.store import Hold, Override, Proposal, Reservation, Store
@@ -246,6 +246,12 @@ class State:
                 view, request.replica, view.node(request.node), view.site_gpu_limit_watts
             )
             notes = tuple(missing(view, [verdict]))
+            observed.WOULD_REFUSE.decision(
+                "reservation",
+                f"{request.id} on {request.node}",
+                1,
+                ((request.node, rule, reason) for rule, reason in verdict.would_refuse),
+            )
             if verdict.refusals:  # those of enforced concerns (would_refuse: observed)
                 return ReserveOutcome(None, verdict, created=False, missing=notes)
             now = self._clock()

@@ -10,21 +10,29 @@ asserted here, not only its gist.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Iterator
+from types import ModuleType
 from typing import Any
 
 import pytest
+from pydantic_core import to_json
 
-from decider.facility import DomainRef, Facility
+from decider.facility import DomainRef, Facility, Profile
 from decider.models import Replica
 from decider.placement import (
     ORDER_KEYS,
     RULES,
+    answers,
     condition,
+    decide,
     held,
     hot,
+    observed,
     over_cap,
     power_cap,
     rack_room,
+    rules,
     spread,
 )
 from decider.placement.capacity import UNBOUNDED, Fit, fits, replica_of
@@ -1372,3 +1380,238 @@ def test_spread_counts_are_worked_out_once_per_model(make_site: Any) -> None:
     assert view.spread_counts("b") == {ref("rack/r1"): 1}
     assert view.spread_counts("b") is view.spread_counts("b")
     assert view.spread_counts("a") == {}
+
+
+# --- a new rule: one module and one registry line -----------------------------------------------
+
+
+def maintenance_window(racks: set[str]) -> ModuleType:
+    """A rule as a module of its own would be: a maintenance window refuses its racks."""
+    rule = ModuleType("maintenance")
+    rule.name = "maintenance"  # type: ignore[attr-defined]
+    rule.concern = "always"  # type: ignore[attr-defined]
+    rule.reads = frozenset({"ref"})  # type: ignore[attr-defined]
+
+    def refuse(domain: Any) -> str | None:
+        if domain.ref.kind != "rack" or domain.ref.name not in racks:
+            return None
+        return f"{domain.label} in its maintenance window"
+
+    rule.refuse = refuse  # type: ignore[attr-defined]
+    return rule
+
+
+@pytest.fixture
+def registered() -> Iterator[Callable[[ModuleType], None]]:
+    names: list[str] = []
+
+    def register(rule: ModuleType) -> None:
+        rules.register(rule)  # type: ignore[arg-type]
+        names.append(rule.name)
+
+    yield register
+    for name in names:
+        rules.unregister(name)
+
+
+def test_a_new_rule_is_seen_by_decide_the_cached_answers_and_the_reasons(
+    make_site: Any, registered: Callable[[ModuleType], None]
+) -> None:
+    registered(maintenance_window({"r2"}))
+    site = make_site(
+        make_facility({"rack/r1": {"cap_watts": 10_000}}),
+        make_snapshot({"n1": ["rack/r1", "row/1"], "n2": ["rack/r2", "row/1"]}),
+    )
+    reason = "rack r2 in its maintenance window"
+    decision = site.decide(replica(1, 100), ["n2", "n1"])
+    assert decision.order == ["n1"]
+    assert decision.verdicts[0].refusals == [("maintenance", reason)]
+    assert decision.summary() == "1/2 nodes allowed (1 maintenance)"
+    # The answer cache serves it, on the first request and after a change (a reservation
+    # settles a new View: entries carried over), without knowing of the rule.
+    for _ in range(2):
+        view = site.view()
+        cached = answers.place(view, replica(1, 100), ["n2", "n1"])
+        assert cached.body == to_json(decide(view, replica(1, 100), ["n2", "n1"]).as_json())
+        assert cached.refusals_by_rule == {"maintenance": 1}
+        assert list(cached.refusals) == [("n2", reason)]
+        assert site.reserve("n1", replica(1, 100)).created
+    refused = site.reserve("n2", replica(1, 100))
+    assert refused.verdict is not None and refused.verdict.refusals == [("maintenance", reason)]
+
+
+def test_a_rule_that_reads_what_the_states_do_not_hold_is_refused_at_registration() -> None:
+    rule = maintenance_window({"r1"})
+    rule.reads = frozenset({"ref", "calendar"})  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match=r"rule maintenance reads \['calendar'\]"):
+        rules.register(rule)  # type: ignore[arg-type]
+    rule.reads = frozenset({"ref"})  # type: ignore[attr-defined]
+    rule.concern = "cooling"  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match="unknown concern 'cooling'"):
+        rules.register(rule)  # type: ignore[arg-type]
+    assert "maintenance" not in [each.name for each in rules.DOMAIN_FILTERS]
+
+
+# --- mode per concern (issue 17 part 4) ---------------------------------------------------------
+
+STAGED = {"power": "enforce", "thermal": "observe"}
+
+
+def test_power_enforced_while_thermal_is_observed(make_site: Any) -> None:
+    # n1 hot, n2 full (rack r2 cap 1 000: limit 900), n3 warm, n4 ok, n5 held.
+    site = make_site(
+        make_facility({"rack/r2": {"cap_watts": 1_000}}, mode=STAGED),  # type: ignore[arg-type]
+        make_snapshot(
+            {n: [f"rack/r{n[1]}"] for n in ("n1", "n2", "n3", "n4", "n5")},
+            conditions={"rack/r1": "hot", "rack/r3": "warm"},
+        ),
+        holds={"rack/r5": "PDU swap"},
+    )
+    answer = site.answer(replica(1, 950), ["n3", "n1", "n2", "n4", "n5"])
+    assert answer["mode"] == "enforce"
+    # Thermal observed: the hot node allowed, the warm one not put last; power and the hold
+    # refuse.
+    assert answer["order"] == ["n3", "n1", "n4"]
+    by_node = {n["node"]: n for n in answer["nodes"]}
+    assert by_node["n1"]["allowed"] and by_node["n1"]["reasons"] == []
+    assert by_node["n1"]["would_refuse"] == ["rack r1 hot"]
+    assert by_node["n2"]["reasons"] == [
+        "rack r2: 0.0 of 1.0 kW reserved, replica needs ~0.9, margin 10%"
+    ]
+    assert by_node["n5"]["reasons"] == ["rack r5 held: PDU swap"]
+    assert by_node["n3"]["scores"]["condition"] == 1  # shown, not ordering
+    assert answer["summary"] == (
+        "3/5 nodes allowed, 1 would be refused (thermal observed) (1 hot, 1 power_cap, 1 held)"
+    )
+    # Reserving follows the same split.
+    assert site.reserve("n1", replica(1, 950)).created
+    assert not site.reserve("n2", replica(1, 950)).created
+
+
+def test_thermal_enforced_while_power_is_observed(make_site: Any) -> None:
+    mode = {"power": "observe", "thermal": "enforce"}
+    site = make_site(
+        make_facility({"rack/r2": {"cap_watts": 1_000}}, mode=mode),  # type: ignore[arg-type]
+        make_snapshot(
+            {"n1": ["rack/r1"], "n2": ["rack/r2"], "n3": ["rack/r3"]},
+            conditions={"rack/r1": "hot", "rack/r3": "warm"},
+        ),
+    )
+    answer = site.answer(replica(1, 950), ["n3", "n2", "n1"])
+    assert answer["order"] == ["n2", "n3"]  # the warm node after, the full one allowed
+    assert answer["nodes"][1]["would_refuse"] == [
+        "rack r2: 0.0 of 1.0 kW reserved, replica needs ~0.9, margin 10%"
+    ]
+    assert answer["nodes"][2]["reasons"] == ["rack r1 hot"]
+
+
+def test_one_mode_for_both_concerns_or_one_each(make_site: Any) -> None:
+    assert make_facility(mode="enforce").enforced() == {"always", "power", "thermal"}
+    assert make_facility(mode="observe").enforced() == {"always"}
+    assert make_facility(mode=STAGED).enforced() == {"always", "power"}  # type: ignore[arg-type]
+    assert str(make_facility(mode=STAGED).mode) == "power enforce, thermal observe"  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="thermal"):
+        make_facility(mode={"power": "enforce"})  # type: ignore[arg-type]
+
+
+# --- margin and derating per domain (issue 17 part 6) -------------------------------------------
+
+
+def test_a_domains_own_margin_sets_its_limit_and_its_reason(make_site: Any) -> None:
+    # rack r1: cap 10 000, its own margin 25%: limit 7 500; rack r2: the site's 10%: 9 000.
+    site = make_site(
+        make_facility(
+            {"rack/r1": {"cap_watts": 10_000, "margin": 0.25}, "rack/r2": {"cap_watts": 10_000}}
+        ),
+        make_snapshot({"n1": ["rack/r1"], "n2": ["rack/r2"]}),
+    )
+    view = site.view()
+    assert view.domain(ref("rack/r1")).limit == 7_500
+    assert view.domain(ref("rack/r2")).limit == 9_000
+    assert site.node_json(replica(1, 7_500), "n1")["allowed"] is True
+    assert site.node_json(replica(1, 7_501), "n1")["reasons"] == [
+        "rack r1: 0.0 of 10.0 kW reserved, replica needs ~7.5, margin 25%"
+    ]
+    assert site.node_json(replica(1, 9_000), "n2")["allowed"] is True
+    # The headroom dry run reads the same limit.
+    profile = Profile(gpus=0, power_watts=2_500)
+    counts = {fit.domain: fit.replicas for fit in fits(view, "p", profile)}
+    assert counts[ref("rack/r1")] == 3  # 7 500 / 2 500
+    assert counts[ref("rack/r2")] == 3  # 9 000 / 2 500: 3.6, three whole replicas
+
+
+def test_a_domains_own_derating_sets_its_feeds_and_phases_caps(make_site: Any) -> None:
+    # Feeds of 20 000: the site's 0.8 gives 16 000; rack r1's own 0.5 gives 10 000. Its pdu's
+    # own derating 0.6 makes each phase of 10 000 a cap of 6 000.
+    facility = make_facility(
+        {
+            "rack/r1": {"feeds": [{"pdu": "a", "rating_watts": 20_000}], "derating": 0.5},
+            "rack/r2": {"feeds": [{"pdu": "b", "rating_watts": 20_000}]},
+            "pdu/a": {
+                "derating": 0.6,
+                "phases": {p: {"rating_watts": 10_000} for p in ("L1", "L2", "L3")},
+            },
+        }
+    )
+    assert facility.cap_watts("rack", "r1") == 10_000
+    assert facility.cap_watts("rack", "r2") == 16_000
+    site = make_site(facility, make_snapshot({"n1": ["rack/r1", "pdu/a"]}))
+    assert [phase.cap for phase in site.view().node("n1").phases] == [6_000.0] * 3
+
+
+def test_a_domains_margin_and_derating_are_checked_as_the_sites() -> None:
+    with pytest.raises(ValueError, match="margin"):
+        make_facility({"rack/r1": {"cap_watts": 1_000, "margin": 1.0}})
+    with pytest.raises(ValueError, match="derating"):
+        make_facility({"rack/r1": {"cap_watts": 1_000, "derating": 0}})
+    # other_watts against the cap its own derating gives: 20 000 × 0.5 = 10 000.
+    with pytest.raises(ValueError, match="leaves no room under the cap of 10000 W"):
+        make_facility(
+            {
+                "rack/r1": {
+                    "feeds": [{"pdu": "a", "rating_watts": 20_000}],
+                    "derating": 0.5,
+                    "other_watts": 10_000,
+                }
+            }
+        )
+
+
+def test_observe_logs_one_line_per_decision_at_most_one_per_interval(
+    make_site: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [0.0]
+    monkeypatch.setattr(observed, "WOULD_REFUSE", observed.WouldRefuseLog(10.0, lambda: now[0]))
+    site = observe_site(make_site, STAGED)
+    caplog.set_level("INFO", logger=observed.__name__)
+    view = site.view()
+    for _ in range(3):  # the first logged, two suppressed
+        answers.place(view, replica(1, 950), ["n1", "n4"])
+    now[0] = 10.0
+    answers.uncached(view, replica(1, 950), ["n3", "n1"])
+    answers.place(view, replica(1, 10), ["n4"])  # nothing would be refused: no line
+    lines = [r.getMessage() for r in caplog.records if r.name == observed.__name__]
+    assert [json.loads(line.removeprefix("would_refuse ")) for line in lines] == [
+        {
+            "call": "placement",
+            "subject": "llama (unlisted, 1 GPUs)",
+            "judged": 2,
+            "would_refuse": 1,
+            "rules": {"hot": 1},
+            "reasons": ["rack r1 hot"],
+            "suppressed": 0,
+        },
+        {
+            "call": "placement",
+            "subject": "llama (unlisted, 1 GPUs)",
+            "judged": 2,
+            "would_refuse": 1,
+            "rules": {"hot": 1},
+            "reasons": ["rack r1 hot"],
+            "suppressed": 2,
+        },
+    ]
+    # Power enforced: n3's power_cap is a reason, not a would_refuse, and no line says it.
+    now[0] = 20.0
+    answers.place(view, replica(1, 950), ["n3"])
+    assert len([r for r in caplog.records if r.name == observed.__name__]) == 2

@@ -29,9 +29,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from decider.facility import DomainRef
+from decider.models import Replica
 from decider.placement import answers, decide
 from decider.placement.entry_index import EntryIndexInPython
 from decider.placement.view import View
+from tests import placement_helpers
 from tests.placement_helpers import (
     CANDIDATES,
     DOMAINS,
@@ -40,7 +42,6 @@ from tests.placement_helpers import (
     PHASE_NODES,
     SHAPES,
     Site,
-    assert_as_decide,
     facility,
     make_facility,
     readings,
@@ -57,6 +58,30 @@ def joined_through(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     return str(request.param)
 
 
+#: Power budgets enforced, thermal observed (issue 17 part 4's staged rollout).
+STAGED: Any = {"power": "enforce", "thermal": "observe"}
+
+
+def assert_as_decide(view: View, rep: Replica, candidates: list[str]) -> answers.Answer:
+    """The cached answer is `decide`'s (placement_helpers.assert_as_decide), and so is the
+    uncached one that decider.yaml's `placement_cache: false` serves, in every part."""
+    got = placement_helpers.assert_as_decide(view, rep, candidates)
+    direct = answers.uncached(view, rep, candidates)
+    assert (direct.body, direct.order, direct.summary, direct.mode) == (
+        got.body,
+        got.order,
+        got.summary,
+        got.mode,
+    )
+    assert (direct.judged, direct.refused, direct.refusals_by_rule) == (
+        got.judged,
+        got.refused,
+        got.refusals_by_rule,
+    )
+    assert list(direct.refusals) == list(got.refusals)
+    return got
+
+
 def new_site(path: Path, mode: str = "enforce") -> Site:
     return Site(path / "decider.db", facility(mode), readings(), (), {})
 
@@ -64,7 +89,7 @@ def new_site(path: Path, mode: str = "enforce") -> Site:
 # --- the answers themselves ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["enforce", "observe"])
+@pytest.mark.parametrize("mode", ["enforce", "observe", STAGED])
 def test_the_cached_answer_is_decides_on_a_first_and_a_second_request(
     tmp_path: Path, mode: str
 ) -> None:
@@ -245,7 +270,7 @@ ASKED = st.sampled_from(["nothing", "no candidates", "a few", "every node"])
 
 @given(
     steps=st.lists(st.tuples(STEP, ASKED), min_size=1, max_size=30),
-    mode=st.sampled_from(["enforce", "observe"]),
+    mode=st.sampled_from(["enforce", "observe", STAGED]),
 )
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_whatever_the_view_went_through_the_answer_is_decides(

@@ -51,9 +51,10 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn, composite
 
-from decider.facility import DomainRef, Facility
+from decider.facility import DomainRef, Facility, Modes
 from decider.models import Replica, ReservationRequest
-from decider.placement import Decision, decide
+from decider.placement import Decision, answers, decide
+from decider.placement.rules import concern_of
 from decider.placement.view import View
 from decider.snapshot import INVENTORY_PARTS, PARTS, Snapshot
 from decider.state import State
@@ -559,3 +560,40 @@ def test_a_view_after_a_change_answers_as_one_built_from_scratch(
                 assert domain == anew.domain(ref), ref
             for node in nodes:
                 assert view.node(node) == anew.node(node), node
+
+
+# --- (h) the answer cache and the rules answer alike, in every mode ---------------------------
+
+MODES = st.sampled_from(
+    [
+        "enforce",
+        "observe",
+        Modes(power="enforce", thermal="observe"),
+        Modes(power="observe", thermal="enforce"),
+    ]
+)
+
+
+@SETTINGS
+@given(enforce_cases(), MODES)
+def test_the_answer_cache_and_the_rules_answer_alike_in_every_mode(
+    case: tuple[SiteSpec, Snapshot, Replica, list[str]], mode: Any
+) -> None:
+    """decider.yaml's placement_cache, on (answers.place) or off (answers.uncached): one
+    answer, byte for byte; and an observed concern's refusals are would_refuse alone."""
+    spec, snapshot, rep, candidates = case
+    with state_of(spec, snapshot) as state:
+        base = state.view()
+        view = dataclasses.replace(base, facility=base.facility.model_copy(update={"mode": mode}))
+        cached = answers.place(view, rep, candidates)
+        direct = answers.uncached(view, rep, candidates)
+        assert cached.body == direct.body
+        assert (cached.order, cached.summary, cached.refused) == (
+            direct.order,
+            direct.summary,
+            direct.refused,
+        )
+        enforced = view.enforced
+        for verdict in decide(view, rep, candidates).verdicts:
+            assert all(concern_of(rule) in enforced for rule, _ in verdict.refusals)
+            assert all(concern_of(rule) not in enforced for rule, _ in verdict.would_refuse)

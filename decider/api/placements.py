@@ -22,8 +22,10 @@ def router(service: Service) -> APIRouter:
         view = service.state.view()
         if body.profiles is not None:
             return placement_with_profiles(view, body)
-        # decide's answer, its nodes' parts encoded once per View and replica shape.
-        answer = answers.place(view, body.replica, body.candidates)
+        # decide's answer, its nodes' parts encoded once per View and replica shape; or,
+        # with decider.yaml's placement_cache: false, from the rules at each request.
+        place = answers.place if service.loaded.config.placement_cache else answers.uncached
+        answer = place(view, body.replica, body.candidates)
         service.counters.count(
             "placement", view.mode, answer.judged, answer.refusals_by_rule, answer.refused
         )

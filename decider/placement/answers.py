@@ -65,7 +65,7 @@ from pydantic_core import to_json
 
 from decider.giving_way import PAUSE_EVERY, Pause, no_pause, paced
 from decider.models import Replica
-from decider.placement import Decision, Verdict, judge, missing, rules
+from decider.placement import Decision, Verdict, decide, judge, missing, observed, rules
 from decider.placement.entry_index import EntryIndex
 from decider.placement.estimate import Estimate, estimate
 from decider.placement.overlay import Layered
@@ -707,6 +707,7 @@ def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
     flagged = refused
     if not cached.enforcing:
         flagged = [found for name in candidates if (found := entries[name]).rules]
+        _log_observed(replica, len(candidates), [found.verdict for found in flagged])
     if not cached.packed:  # some key too large to pack: decide's tuples, the scheduler's last
         keyed = [
             (prefix, index)
@@ -732,6 +733,42 @@ def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
         refused=len(refused),
         refusals_by_rule=tally,
         refusals=Refusals(flagged),
+    )
+
+
+def uncached(view: View, replica: Replica, candidates: list[str]) -> Answer:
+    """`decide`'s answer as `place` gives it, from the rules alone: what decider.yaml's
+    `placement_cache: false` serves (tests/test_placement_answers.py holds the two equal)."""
+    decision = decide(view, replica, candidates)
+    if not view.enforced.issuperset(rules.CONCERNS):
+        _log_observed(replica, len(candidates), decision.verdicts)
+    return Answer(
+        mode=decision.mode,
+        order=decision.order,
+        body=to_json(decision.as_json()),
+        summary=decision.summary(),
+        judged=len(decision.verdicts),
+        refused=sum(1 for verdict in decision.verdicts if verdict.refusals),
+        refusals_by_rule=decision.refusals_by_rule,
+        refusals=[
+            (verdict.node.node, reason)
+            for verdict in decision.verdicts
+            for _, reason in (*verdict.refusals, *verdict.would_refuse)
+        ],
+    )
+
+
+def _log_observed(replica: Replica, judged: int, verdicts: Iterable[Verdict]) -> None:
+    """One rate-limited line for the decision, if an observed concern would have refused."""
+    observed.WOULD_REFUSE.decision(
+        "placement",
+        f"{replica.model} ({replica.profile}, {replica.gpus} GPUs)",
+        judged,
+        (
+            (verdict.node.node, rule, reason)
+            for verdict in verdicts
+            for rule, reason in verdict.would_refuse
+        ),
     )
 
 
