@@ -32,7 +32,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from decider.snapshot import PARTS
+from decider.snapshot import INVENTORY_PARTS, PARTS
 from tests.decider_harness import (
     REPO,
     Decider,
@@ -289,7 +289,7 @@ def fail_every_way(fake: FakePrometheus, decider: Decider) -> None:
     fake.set("error")
     decider.wait_domains(
         lambda body: (
-            len(body["missing"]) == len(PARTS) - 4
+            len(body["missing"]) == len(PARTS) - len(INVENTORY_PARTS)  # the readings
             and all("HTTP error" in line for line in body["missing"])
         ),
         "every reading part stale with its HTTP error",
