@@ -318,8 +318,11 @@ def plan(view: View, now: float, pacing: Mapping[DomainRef, Proposal]) -> Plan:
 
 
 def _plan(view: View, now: float, pacing: Mapping[DomainRef, Proposal]) -> Plan:
-    shedding = view.facility.shedding
-    if not shedding.enabled:
+    facility = view.facility
+    shedding = facility.shedding
+    # Opt-in site-wide (`shedding.enabled`) or per domain (a domain's `shedding: true`; its
+    # `shedding: false` keeps a site-wide opt-in off it): Facility.sheds.
+    if not shedding.enabled and not any(domain.shedding for domain in facility.domains.values()):
         return Plan(False, [], [])
     missing = [
         f"{what}: no domain is shed without it"
@@ -338,7 +341,11 @@ def _plan(view: View, now: float, pacing: Mapping[DomainRef, Proposal]) -> Plan:
         key=lambda ref: (KIND_ORDER.get(ref.kind, 9), ref.name),
     )
     seconds = view.snapshot.hot_seconds
-    shed = {ref for ref in hot if seconds.get(ref, 0.0) >= shedding.hot_for}
+    shed = {
+        ref
+        for ref in hot
+        if seconds.get(ref, 0.0) >= shedding.hot_for and facility.sheds(ref.kind, ref.name)
+    }
     changes: dict[DomainRef, Proposal | None] = {}
     current: dict[DomainRef, Proposal] = dict(pacing)
     counts = Counts.of(view)
@@ -367,6 +374,12 @@ def _plan(view: View, now: float, pacing: Mapping[DomainRef, Proposal]) -> Plan:
             "power_capping": capping_for(base, ref),
         }
         entries.append(entry)
+        if not facility.sheds(ref.kind, ref.name):
+            entry["reason"] = (
+                f"{heat}; not shed: shedding is off for {ref.kind} {ref.name} "
+                f"(facility file: {'its shedding: false' if shedding.enabled else 'not opted in'})"
+            )
+            continue
         if ref not in shed:
             entry["reason"] = f"{heat}, shed after {_duration(shedding.hot_for)}"
             if hot_seconds is not None:

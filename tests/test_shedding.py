@@ -739,3 +739,38 @@ def test_capping_is_offered_with_shedding_disabled_and_nothing_for_a_cool_site()
             200.0,
             687.0,
         )
+
+
+THREE_RACKS = {**MEMBERSHIP, "c1": ["rack/r3", "row/1"]}
+
+
+def test_shedding_opted_in_per_domain_as_well_as_site_wide():
+    """`shedding: true` on a domain sheds it with the site's switch off; `shedding: false`
+    keeps a site-wide opt-in off one domain (issue 17 part 4). Rack r3 is the cool one."""
+    racks = {"rack/r1": {"cap_watts": 20_000, "shedding": True}, "rack/r2": {"cap_watts": 20_000}}
+    off = {"shedding": {**SHEDDING, "enabled": False}, "domains": racks}
+    with site(off, THREE_RACKS) as s:
+        s.reserve("a1", 2000, "embed")
+        s.reserve("b1", 2000, "embed")
+        s.heat("rack/r1", 3600)
+        s.heat("rack/r2", 3600)
+        result = s.plan()
+        assert result.enabled
+        by_domain = {e["domain"]: e for e in result.entries}
+        assert by_domain["rack/r1"]["shed"] and len(by_domain["rack/r1"]["moves"]) == 1
+        assert not by_domain["rack/r2"]["shed"] and by_domain["rack/r2"]["moves"] == []
+        assert by_domain["rack/r2"]["reason"].endswith(
+            "; not shed: shedding is off for rack r2 (facility file: not opted in)"
+        )
+    racks = {"rack/r1": {"cap_watts": 20_000, "shedding": False}, "rack/r2": {"cap_watts": 20_000}}
+    with site({"shedding": SHEDDING, "domains": racks}, THREE_RACKS) as s:
+        s.reserve("a1", 2000, "embed")
+        s.reserve("b1", 2000, "embed")
+        s.heat("rack/r1", 3600)
+        s.heat("rack/r2", 3600)
+        by_domain = {e["domain"]: e for e in s.plan().entries}
+        assert by_domain["rack/r1"]["moves"] == []
+        assert by_domain["rack/r1"]["reason"].endswith(
+            "; not shed: shedding is off for rack r1 (facility file: its shedding: false)"
+        )
+        assert by_domain["rack/r2"]["shed"]
