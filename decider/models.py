@@ -95,6 +95,11 @@ class NodeVerdict(_Body):
     scores: dict[str, float | None] | None = Field(
         None, description="the ordering keys of an allowed node, lower first"
     )
+    condition_evidence: list[str] | None = Field(
+        None,
+        description="an allowed warm node: why it is placed after the ok ones, its warm "
+        "domains' evidence in words",
+    )
 
 
 class ProfileConsidered(_Body):

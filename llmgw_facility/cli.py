@@ -485,7 +485,6 @@ def explain_placement(decider: Decider, args: argparse.Namespace) -> int:
     mode = answer.get("mode", "?")
     order = answer.get("order", [])
     rank = {node: index for index, node in enumerate(order, start=1)}
-    warm_words = WarmDomains(decider)
     gpus = f"{args.gpus} GPU{'' if args.gpus == 1 else 's'}"
     print(
         f"{mode} mode: a replica of {args.model} (profile {args.profile}, {gpus}) on "
@@ -513,33 +512,12 @@ def explain_placement(decider: Decider, args: argparse.Namespace) -> int:
             print(f"    - {reason}")
         for reason in entry.get("would_refuse") or []:
             print(f"    - would refuse: {reason}")
-        if entry.get("allowed") and entry.get("condition") == "warm":
-            for words in warm_words(entry["node"]):
-                print(f"    - placed after ok nodes: {words}")
+        for words in entry.get("condition_evidence") or []:
+            print(f"    - placed after ok nodes: {words}")
     print(f"order, best first: {', '.join(order) if order else 'none'}")
     print(answer.get("summary", ""))
     print_missing(answer.get("missing", []))
     return 0
-
-
-class WarmDomains:
-    """Why a warm node is placed after the others: the evidence of its warm domains
-    (GET /v1/domains' `evidence`), each domain's nodes asked once (GET …/{kind}/{name})."""
-
-    def __init__(self, decider: Decider) -> None:
-        self._decider = decider
-        self._by_node: dict[str, list[str]] | None = None
-
-    def __call__(self, node: str) -> list[str]:
-        if self._by_node is None:
-            self._by_node = {}
-            for entry in self._decider.call("GET", "/v1/domains").get("domains", []):
-                if entry.get("condition") != "warm" or not entry.get("evidence"):
-                    continue
-                ref = DomainRef.parse(f"{entry['kind']}/{entry['domain']}")
-                for member in self._decider.call("GET", domain_path(ref)).get("nodes", []):
-                    self._by_node.setdefault(member, []).append(entry["evidence"])
-        return self._by_node.get(node, [])
 
 
 def headroom(decider: Decider, profile: str, as_json: bool) -> int:

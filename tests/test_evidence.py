@@ -263,7 +263,9 @@ def test_victoria_metrics_reads_each_warm_or_hot_domains_evidence(tmp_path: Path
 T0 = 1_700_000_000.0
 
 
-def state_with(tmp_path: Path, evidence: dict, *, shedding_on: bool = False) -> State:
+def state_with(
+    tmp_path: Path, evidence: dict, *, shedding_on: bool = False, row: str = "hot"
+) -> State:
     facility: dict = {"mode": "enforce"}
     if shedding_on:
         facility["shedding"] = {"enabled": True}
@@ -278,7 +280,7 @@ def state_with(tmp_path: Path, evidence: dict, *, shedding_on: bool = False) -> 
     state.set_snapshot(
         Snapshot(
             membership=MappingProxyType({"n1": (RACK, ROW), "n2": (warm_rack, ROW)}),
-            conditions=MappingProxyType({RACK: "hot", ROW: "hot", warm_rack: "warm"}),
+            conditions=MappingProxyType({RACK: "hot", ROW: row, warm_rack: "warm"}),
             hot_seconds=MappingProxyType({RACK: 360.0, ROW: 240.0}),
             evidence=MappingProxyType(evidence),
             parts={part: Part(T0) for part in PARTS},
@@ -335,6 +337,22 @@ def test_a_refusal_names_what_holds_each_domain_hot_and_how_long(tmp_path):
     ]
 
 
+def test_a_warm_node_says_why_it_is_placed_after_the_ok_ones(tmp_path):
+    evidence = {**EVIDENCE, ROW: Evidence(racks_warm_ratio=0.5, racks_warm_share=0)}
+    state = state_with(tmp_path, evidence, row="warm")
+    [node] = placement.decide(state.view(), REPLICA, ["n2"]).as_json()["nodes"]
+    assert node["allowed"] and node["scores"]["condition"] == 1
+    assert node["condition_evidence"] == [
+        "rack r12-08 warm: 3 of 32 GPUs thermally throttled for 1 min",
+        "row 12 warm: 50% of its racks warm or hot (warm above 0%)",
+    ]
+    state.override(DomainRef("rack", "r12-08"), "sensor fault", 600, "ops")
+    [node] = placement.decide(state.view(), REPLICA, ["n2"]).as_json()["nodes"]
+    assert node["condition_evidence"] == [
+        "row 12 warm: 50% of its racks warm or hot (warm above 0%)"
+    ]
+
+
 # --- through a real decider: its placements and the CLI's explain-placement --------------------
 
 
@@ -364,6 +382,11 @@ def test_a_real_decider_names_the_evidence_it_reads_from_prometheus(tmp_path, ca
             return answer["nodes"][0]["reasons"] or None
 
         assert poll(refused, "n1 refused") == [f"{words} (reading 14s old)"]
+        n2 = decider.post("/v1/placements", body).json()["nodes"][1]
+        assert n2["allowed"] and n2["condition"] == "warm"
+        assert n2["condition_evidence"] == [
+            "rack r12-08 warm: 3 of 32 GPUs thermally throttled for 1 min"
+        ]
         warm = decider.get("/v1/domains/rack/r12-08").json()
         assert warm["evidence"] == "rack r12-08 warm: 3 of 32 GPUs thermally throttled for 1 min"
         assert "rack r12-08 warm: 3 of 32 GPUs" in decider.get("/").text

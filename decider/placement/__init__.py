@@ -105,7 +105,9 @@ class Decision:
             }
             if observing:
                 entry["would_refuse"] = [reason for _, reason in verdict.would_refuse]
-            if verdict.key:
+            if node.warm_evidence and not reasons:  # why it is placed after the ok nodes
+                entry["condition_evidence"] = list(node.warm_evidence)
+            if verdict.key:  # last: the answer cache fills in its scheduler_order
                 entry["scores"] = dict(zip(ORDER_KEYS, verdict.key, strict=True))
             append(entry)
         return {

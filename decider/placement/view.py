@@ -30,8 +30,9 @@ from functools import cached_property
 from decider import overrides as overrides_text
 from decider.facility import Domain, DomainRef, Facility
 from decider.giving_way import Pause, no_pause, paced
-from decider.placement import held as held_rule
+from decider.placement import condition as condition_score
 from decider.placement import evidence, phases, rules
+from decider.placement import held as held_rule
 from decider.placement.overlay import Layered
 from decider.placement.phases import PhaseKey
 from decider.placement.states import (
@@ -361,10 +362,13 @@ class View:
         refusals: tuple[tuple[str, str], ...] = ()
         room: float | None = None
         rack: DomainState | None = None
+        warm: list[DomainState] = []
         for ref in refs:
             domain = self.domain(ref)
             if CONDITION_RANK[domain.condition] > CONDITION_RANK[condition]:
                 condition = domain.condition
+            if domain.condition == "warm":
+                warm.append(domain)
             if ref.kind not in FINE_KINDS:
                 coarse.append(ref)
                 continue
@@ -398,6 +402,7 @@ class View:
                 self.snapshot.gpu_limit_watts.get(name) if "limits" in self.fresh else None
             ),
             reserved_gpus=self.reserved_gpus.get(name, 0),
+            warm_evidence=condition_score.explain(warm) if condition == "warm" else (),
         )
 
     def _holds_as_last_known(self, name: str) -> tuple[tuple[str, str], ...]:
