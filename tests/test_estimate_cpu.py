@@ -6,14 +6,17 @@ The default stands where the model is unknown or has no figure."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
 
+from decider.facility import Facility
 from decider.models import Replica
 from decider.placement.estimate import estimate
 from decider.prometheus_parse import Dropped, Sample, parse_part
 from tests.facility_helpers import load, refusal
+from tests.placement_helpers import NOW, Site, assert_as_decide, make_snapshot
 
 EPYC = "AMD EPYC 9654 96-Core Processor"
 GRACE = "ARM Neoverse-V2"
@@ -34,9 +37,12 @@ def facility(tmp_path):
     return load(tmp_path, FACILITY)
 
 
-def node(gpus: int | None = 8, limit: float | None = 700.0) -> SimpleNamespace:
-    """What the estimate reads of a node state: its GPUs and their enforced limit."""
-    return SimpleNamespace(gpus=gpus, gpu_limit_watts=limit)
+def node(
+    gpus: int | None = 8, limit: float | None = 700.0, cpu_models: tuple[str, ...] = ()
+) -> SimpleNamespace:
+    """What the estimate reads of a node state: its GPUs, their enforced limit, its CPU
+    models."""
+    return SimpleNamespace(gpus=gpus, gpu_limit_watts=limit, cpu_models=cpu_models)
 
 
 def cpu_replica(cores: float | None = None) -> Replica:
@@ -113,6 +119,14 @@ def test_the_default_stands_for_an_unknown_model_or_one_without_a_figure(facilit
     assert estimate(cpu_replica(), node(), facility, 700.0).watts == 16 * 6  # not given
 
 
+def test_the_node_states_models_are_read_unless_given(facility):
+    assert estimate(cpu_replica(), node(cpu_models=(EPYC,)), facility, 700.0).watts == (
+        pytest.approx(16 * 3.7)
+    )
+    given = estimate(cpu_replica(), node(cpu_models=(EPYC,)), facility, 700.0, cpu_models=())
+    assert given.watts == 16 * 6
+
+
 def test_a_node_of_two_models_takes_the_larger_figure(facility):
     guess = estimate(cpu_replica(), node(), facility, 700.0, cpu_models=(GRACE, EPYC))
     assert guess.watts == pytest.approx(16 * 3.7)
@@ -142,3 +156,48 @@ def test_the_cpus_part_reads_each_nodes_models_and_leaves_a_bad_series_out():
     assert dropped.count == 2
     note = dropped.message() or ""
     assert 'node="n3"' in note and "no `model` label" in note and "no `node` label" in note
+
+
+# --- placement: each node's own model ------------------------------------------------------
+
+#: Three nodes in one rack whose limit is 90 W (cap 100 W, margin 10 %): a 16-core replica
+#: fits on the EPYC node (59.2 W) and not on the others (96 W at the default).
+MODELS = {"n1": (EPYC,), "n2": ("Intel(R) Xeon(R) Platinum 8480+",), "n3": ()}
+
+
+def cpu_site(tmp_path, facility: Facility, read_at: float | None = NOW) -> Site:
+    snapshot = make_snapshot(
+        {name: ["rack/r1"] for name in MODELS},
+        gpus=dict.fromkeys(MODELS, 0),
+        read_at={"cpus": read_at},
+    )
+    snapshot = dataclasses.replace(snapshot, cpu_models={n: m for n, m in MODELS.items() if m})
+    return Site(tmp_path / "db.sqlite", facility, snapshot, (), {})
+
+
+def small_rack(tmp_path, facility: Facility) -> Facility:
+    return facility.model_copy(
+        update={
+            "domains": load(
+                tmp_path, "mode: enforce\ndomains: {rack/r1: {cap_watts: 100}}\n"
+            ).domains
+        }
+    )
+
+
+def test_placement_estimates_each_node_at_its_own_models_figure(tmp_path, facility):
+    site = cpu_site(tmp_path, small_rack(tmp_path, facility))
+    answer = site.answer(cpu_replica(), list(MODELS))
+    estimates = {n["node"]: n["estimate_watts"] for n in answer["nodes"]}
+    assert estimates == {"n1": pytest.approx(16 * 3.7), "n2": 16 * 6, "n3": 16 * 6}
+    assert answer["order"] == ["n1"]  # the others are past the rack's 90 W
+    # the answer cache (one estimate per hardware kind) agrees: the model is part of the kind
+    assert_as_decide(site.view(), cpu_replica(), list(MODELS))
+
+
+def test_a_stale_cpus_part_leaves_every_node_at_the_default(tmp_path, facility):
+    site = cpu_site(tmp_path, small_rack(tmp_path, facility), read_at=NOW - 4_000)
+    answer = site.answer(cpu_replica(), list(MODELS))
+    assert {n["estimate_watts"] for n in answer["nodes"]} == {16 * 6}
+    assert answer["order"] == []
+    assert any(line.startswith("each node's CPU models") for line in answer["missing"])

@@ -162,13 +162,13 @@ def decide(view: View, replica: Replica, candidates: list[str]) -> Decision:
     mask = view.ordering_mask
     counts = view.spread_counts(replica.model)
     # Nodes of one hardware kind share an estimate: work it out once per kind.
-    estimates: dict[tuple[float | None, int | None], Estimate] = {}
+    estimates: dict[tuple[float | None, int | None, tuple[str, ...]], Estimate] = {}
     verdicts = []
     tally: Counter[str] = Counter()
     allowed: list[tuple[tuple[int, ...], int, Verdict]] = []
     for index, name in enumerate(candidates):
         node = view.node(name)
-        kind = (node.gpu_limit_watts, node.gpus)
+        kind = (node.gpu_limit_watts, node.gpus, node.cpu_models)
         guess = estimates.get(kind)
         if guess is None:
             guess = estimates[kind] = estimate(replica, node, facility, site_limit)

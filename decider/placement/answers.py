@@ -214,7 +214,7 @@ class Shape:
         self.coarse: dict[str, tuple[DomainState, ...] | None] = {}
         self.noted = False  # some entry says something in `missing`
         self.packed = True  # every allowed entry's rank holds its prefix
-        self._estimates: dict[tuple[float | None, int | None], Estimate] = {}
+        self._estimates: dict[tuple[float | None, int | None, tuple[str, ...]], Estimate] = {}
         #: One float object per rank: many nodes share one (the same condition, room and
         #: spread), and a placement reads every candidate's; a few objects stay in the CPU's
         #: caches where one per node would not.
@@ -519,7 +519,7 @@ class Shape:
         view, replica = self.view, self.replica
         if node is None:
             node = view.node(name)
-        kind = (node.gpu_limit_watts, node.gpus)
+        kind = (node.gpu_limit_watts, node.gpus, node.cpu_models)
         guess = self._estimates.get(kind)
         if guess is None:
             guess = self._estimates[kind] = estimate(replica, node, view.facility, self.site_limit)

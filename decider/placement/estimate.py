@@ -34,10 +34,10 @@ def estimate(
     node: NodeState,
     facility: Facility,
     site_limit: float | None,
-    cpu_models: Iterable[str] = (),
+    cpu_models: Iterable[str] | None = None,
 ) -> Estimate:
-    """The replica's draw on `node`; `cpu_models`: the node's CPU models (the snapshot's
-    `cpu_models`), for a replica with no GPUs."""
+    """The replica's draw on `node`; `cpu_models`, for a replica with no GPUs: the node's
+    CPU models where not its state's own (NodeState.cpu_models, from the `cpus` part)."""
     if replica.power_watts is not None:
         return Estimate(replica.power_watts, "declared")
     profile = facility.profiles.get(replica.profile)
@@ -47,7 +47,8 @@ def estimate(
         cores = replica.cpu_cores
         if cores is None and profile is not None:
             cores = profile.cpu_cores
-        per_core, _ = facility.cpu_watts_per_core.for_models(cpu_models)
+        models = node.cpu_models if cpu_models is None else cpu_models
+        per_core, _ = facility.cpu_watts_per_core.for_models(models)
         return Estimate((cores or 0.0) * per_core, "derived")
     gaps: tuple[str, ...] = ()
     limit = node.gpu_limit_watts

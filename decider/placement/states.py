@@ -187,6 +187,8 @@ class NodeState:
     #: The phases its load counts against, of its three-phase pdus (decider.placement.phases);
     #: their rooms are in `room`, their refusals in `refusals`.
     phases: tuple[PhaseState, ...] = ()
+    #: Its CPU models (the snapshot's `cpus` part): a CPU replica's watts per core.
+    cpu_models: tuple[str, ...] = ()
     #: A warm node: why, its warm domains' evidence in words (decider.placement.condition).
     warm_evidence: tuple[str, ...] = ()
 

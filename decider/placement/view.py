@@ -402,6 +402,7 @@ class View:
                 self.snapshot.gpu_limit_watts.get(name) if "limits" in self.fresh else None
             ),
             reserved_gpus=self.reserved_gpus.get(name, 0),
+            cpu_models=self.snapshot.cpu_models.get(name, ()) if "cpus" in self.fresh else (),
             warm_evidence=condition_score.explain(warm) if condition == "warm" else (),
         )
 
