@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from decider.facility import DomainRef
 from decider.models import Replica
-from decider.placement import answers, decide
+from decider.placement import answers, decide, tallies
 from decider.placement.entry_index import EntryIndexInPython
 from decider.placement.view import View
 from tests import placement_helpers
@@ -79,6 +79,10 @@ def assert_as_decide(view: View, rep: Replica, candidates: list[str]) -> answers
         got.refusals_by_rule,
     )
     assert list(direct.refusals) == list(got.refusals)
+    # The metrics' split: refusals applied, and those an observed concern would make.
+    expected = tallies(decide(view, rep, candidates).verdicts)
+    assert (got.applied_by_rule, got.observed_by_rule) == expected
+    assert (direct.applied_by_rule, direct.observed_by_rule) == expected
     return got
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from fastapi import APIRouter
@@ -10,7 +11,7 @@ from fastapi.responses import Response
 from decider.api.http import json_response
 from decider.json_body_route import JSONBodyRoute
 from decider.models import PlacementRequest, PlacementResponse, Replica
-from decider.placement import answers, profile_choice
+from decider.placement import answers, profile_choice, tallies
 from decider.placement.view import View
 from decider.service import Service
 
@@ -26,9 +27,7 @@ def router(service: Service) -> APIRouter:
         # with decider.yaml's placement_cache: false, from the rules at each request.
         place = answers.place if service.loaded.config.placement_cache else answers.uncached
         answer = place(view, body.replica, body.candidates)
-        service.counters.count(
-            "placement", view.mode, answer.judged, answer.refusals_by_rule, answer.refused
-        )
+        count(answer.judged, answer.refused, answer.applied_by_rule, answer.observed_by_rule)
         record_placement(body.replica, answer.summary, answer.order, answer.refusals)
         return Response(answer.body, media_type="application/json")
 
@@ -51,9 +50,7 @@ def router(service: Service) -> APIRouter:
         except profile_choice.BadOption as exc:
             return json_response({"detail": str(exc), "problems": [str(exc)]}, 422)
         refused = sum(1 for verdict in decision.verdicts if verdict.refusals)
-        service.counters.count(
-            "placement", view.mode, len(decision.verdicts), decision.refusals_by_rule, refused
-        )
+        count(len(decision.verdicts), refused, *tallies(decision.verdicts))
         answer = decision.as_json()
         answer["profile_choice"] = choice
         record_placement(
@@ -63,6 +60,13 @@ def router(service: Service) -> APIRouter:
             [(v.node.node, reason) for v in decision.verdicts for _, reason in v.refusals],
         )
         return json_response(answer)
+
+    def count(judged: int, refused: int, applied: Counter[str], observed: Counter[str]) -> None:
+        """The decision counters: refusals applied, and those of observed concerns (the mode is
+        per concern: one answer may have both)."""
+        service.counters.count("placement", "enforce", judged, applied, refused)
+        if observed:
+            service.counters.count("placement", "observe", 0, observed, 0)
 
     def record_placement(
         replica: Replica, summary: str, order: list[str], refusals: Sequence[tuple[str, str]]

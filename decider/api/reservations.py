@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 from fastapi import APIRouter, Depends, HTTPException
 from fastapi.responses import Response
 
 from decider.api.http import RequireToken, TokenFirstRoute, json_response
 from decider.models import Refusal, ReservationOut, ReservationRequest
+from decider.placement import tallies
 from decider.service import Service
 
 
@@ -36,10 +35,12 @@ def router(service: Service, require_token: RequireToken) -> APIRouter:
             return json_response({"detail": outcome.conflict, "reasons": []}, 409)
         verdict = outcome.verdict
         if verdict is not None:
-            mode = service.state.view().mode
-            flagged = (*verdict.refusals, *verdict.would_refuse)  # applied, and observed
-            rules = Counter(dict.fromkeys((rule for rule, _ in flagged), 1))
-            service.counters.count("reservation", mode, 1, rules, 1 if verdict.refusals else 0)
+            # Refusals applied, and those of observed concerns (the mode is per concern).
+            applied, observed = tallies([verdict])
+            refused = 1 if verdict.refusals else 0
+            service.counters.count("reservation", "enforce", 1, applied, refused)
+            if observed:
+                service.counters.count("reservation", "observe", 0, observed, 0)
         if outcome.reservation is None:
             assert verdict is not None
             reasons = [reason for _, reason in verdict.refusals]

@@ -25,6 +25,7 @@ serves the same answers; nothing here knows of it.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,16 @@ from decider.placement.rules import ORDER_KEYS, RULES
 from decider.placement.states import Ask, NodeState, Refusal, some
 from decider.placement.view import View
 
-__all__ = ["ORDER_KEYS", "RULES", "Decision", "Verdict", "decide", "judge", "missing"]
+__all__ = [
+    "ORDER_KEYS",
+    "RULES",
+    "Decision",
+    "Verdict",
+    "decide",
+    "judge",
+    "missing",
+    "tallies",
+]
 
 _GAPS = {
     "limit": "GPU power limit unknown for {nodes}: estimated at the site's largest, {limit:g} W",
@@ -186,6 +196,19 @@ def decide(view: View, replica: Replica, candidates: list[str]) -> Decision:
     return Decision(
         view.mode, verdicts, order, missing(view, verdicts), tally, enforced=view.enforced
     )
+
+
+def tallies(verdicts: Iterable[Verdict]) -> tuple[Counter[str], Counter[str]]:
+    """Per rule, the nodes it refuses, and those it would refuse for an observed concern
+    (what `llmgw_decider_refusals_total` and `…_would_refuse_total` count)."""
+    applied: Counter[str] = Counter()
+    observed: Counter[str] = Counter()
+    for verdict in verdicts:
+        if verdict.refusals:
+            applied.update(dict.fromkeys((rule for rule, _ in verdict.refusals), 1))
+        if verdict.would_refuse:
+            observed.update(dict.fromkeys((rule for rule, _ in verdict.would_refuse), 1))
+    return applied, observed
 
 
 def _by_key(item: tuple[tuple[int, ...], int, Verdict]) -> tuple[tuple[int, ...], int]:

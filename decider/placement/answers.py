@@ -65,7 +65,16 @@ from pydantic_core import to_json
 
 from decider.giving_way import PAUSE_EVERY, Pause, no_pause, paced
 from decider.models import Replica
-from decider.placement import Decision, Verdict, decide, judge, missing, observed, rules
+from decider.placement import (
+    Decision,
+    Verdict,
+    decide,
+    judge,
+    missing,
+    observed,
+    rules,
+    tallies,
+)
 from decider.placement.entry_index import EntryIndex
 from decider.placement.estimate import Estimate, estimate
 from decider.placement.overlay import Layered
@@ -154,9 +163,12 @@ class Answer:
     summary: str
     judged: int
     refused: int
-    refusals_by_rule: Counter[str]
+    refusals_by_rule: Counter[str]  # applied and observed alike, as the summary counts
     #: (node, reason) of every refusal, for the status page's recent decisions.
     refusals: Sequence[tuple[str, str]]
+    #: Per rule, the nodes refused, and those an observed concern would refuse (the metrics).
+    applied_by_rule: Counter[str]
+    observed_by_rule: Counter[str]
 
 
 class Refusals(Sequence[tuple[str, str]]):
@@ -705,6 +717,7 @@ def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
     # The entries that refuse, and (some concern observed) those that would: a walk of the
     # candidates only where a concern is observed.
     flagged = refused
+    observed_tally: Counter[str] = Counter()
     if not cached.enforcing:
         flagged = [found for name in candidates if (found := entries[name]).rules]
         _log_observed(replica, len(candidates), [found.verdict for found in flagged])
@@ -717,6 +730,9 @@ def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
         keyed.sort()
         order = [candidates[index] for _, index in keyed]
     tally = Counter(rule for found in flagged for rule in found.rules)
+    applied_tally = tally  # every concern enforced: every refusal applied
+    if not cached.enforcing:
+        applied_tally, observed_tally = tallies(found.verdict for found in flagged)
     notes = missing(view, [entries[name].verdict for name in candidates] if noted else [])
     summary = cached.summary(len(candidates), flagged, tally, order, notes, strangers.values())
     frame = to_json(
@@ -733,6 +749,8 @@ def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
         refused=len(refused),
         refusals_by_rule=tally,
         refusals=Refusals(flagged),
+        applied_by_rule=applied_tally,
+        observed_by_rule=observed_tally,
     )
 
 
@@ -742,6 +760,7 @@ def uncached(view: View, replica: Replica, candidates: list[str]) -> Answer:
     decision = decide(view, replica, candidates)
     if not view.enforced.issuperset(rules.CONCERNS):
         _log_observed(replica, len(candidates), decision.verdicts)
+    applied_tally, observed_tally = tallies(decision.verdicts)
     return Answer(
         mode=decision.mode,
         order=decision.order,
@@ -755,6 +774,8 @@ def uncached(view: View, replica: Replica, candidates: list[str]) -> Answer:
             for verdict in decision.verdicts
             for _, reason in (*verdict.refusals, *verdict.would_refuse)
         ],
+        applied_by_rule=applied_tally,
+        observed_by_rule=observed_tally,
     )
 
 
