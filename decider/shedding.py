@@ -541,7 +541,6 @@ class Shedder:
 def failover(view: View, pdu: str) -> dict[str, Any]:
     """What the loss of `pdu` does to the racks it feeds (see the module doc)."""
     facility = view.facility
-    derating = facility.defaults.derating
     fed = [
         (ref, declared)
         for ref, declared in facility.declared()
@@ -552,6 +551,7 @@ def failover(view: View, pdu: str) -> dict[str, Any]:
     domains: list[dict[str, Any]] = []
     over = 0
     for ref, declared in fed:
+        derating = facility.derating(ref.kind, ref.name)  # its own, else the site's
         domain = view.domain(ref)
         survivors = [feed for feed in declared.feeds if feed.pdu != pdu]
         load = domain.load

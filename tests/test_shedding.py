@@ -774,3 +774,19 @@ def test_shedding_opted_in_per_domain_as_well_as_site_wide():
             "; not shed: shedding is off for rack r1 (facility file: its shedding: false)"
         )
         assert by_domain["rack/r2"]["shed"]
+
+
+def test_failover_reads_a_racks_own_derating():
+    """Rack r1 derates its feeds to 0.6 (the site's 0.8 elsewhere): feed b of 10 kW carries
+    6 kW; 7 kW measured is over it (issue 17 part 6)."""
+    feeds = [{"pdu": "a", "rating_watts": 10_000}, {"pdu": "b", "rating_watts": 10_000}]
+    racks = {"rack/r1": {"feeds": feeds, "derating": 0.6}, "rack/r2": {"cap_watts": 20_000}}
+    with site({"domains": racks}, {"a1": ["rack/r1"], "b1": ["rack/r2"]}) as s:
+        s.measured[ref("rack/r1")] = 7000
+        s.refresh()
+        (r1,) = failover(s.state.view(), "a")["domains"]
+        assert (r1["over"], r1["limit_watts"]) == (True, 6000.0)
+        assert r1["reason"].startswith(
+            "rack r1 over its surviving feeds: 7.0 kW measured on b: 7.0 kW per feed of "
+            "6.0 kW (rating × derating 0.6)"
+        )
