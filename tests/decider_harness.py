@@ -373,6 +373,7 @@ def decider_yaml(
     inventory: str = "1h",
     database: str = "decider.db",
     prometheus_http: Mapping[str, Any] | None = None,
+    placement_cache: bool = True,
 ) -> dict[str, Any]:
     """decider.yaml's keys; `prometheus_http`: more of its prometheus section (basic_auth,
     authorization, tls_config)."""
@@ -388,6 +389,8 @@ def decider_yaml(
     }
     if token:
         config["token_file"] = "decider.token"
+    if not placement_cache:
+        config["placement_cache"] = False
     return config
 
 

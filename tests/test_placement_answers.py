@@ -34,6 +34,7 @@ from decider.placement import answers, decide, tallies
 from decider.placement.entry_index import EntryIndexInPython
 from decider.placement.view import View
 from tests import placement_helpers
+from tests.decider_harness import Decider, FakePrometheus, Readings
 from tests.placement_helpers import (
     CANDIDATES,
     DOMAINS,
@@ -581,3 +582,48 @@ def test_an_entry_filled_after_a_shape_is_shared_goes_into_its_own_overlay(
     assert allowed.order == ["r1-3"]
     refused = assert_as_decide(second, rep, ["r1-3"])
     assert refused.order == [] and "row 1" in refused.refusals[0][1]
+
+
+# --- decider.yaml's placement_cache: false, on a real decider -----------------------------------
+
+
+@pytest.mark.servers
+def test_a_decider_without_the_answer_cache_answers_as_one_with_it(tmp_path: Path) -> None:
+    """The switch that rules the cache out: two deciders on one Prometheus, one with
+    `placement_cache: false`, answer every placement alike: rack r2 hot (thermal observed), r3
+    past its room, then r4 held."""
+    membership = {f"n{i}": [f"rack/r{i}", "row/1"] for i in range(1, 5)}
+    readings = Readings(
+        membership=membership,
+        inventory=["row/1"],
+        measured={"rack/r3": 9_000},
+        conditions={"rack/r2": "hot", "rack/r1": "warm"},
+        gpus=dict.fromkeys(membership, 8),
+        limits=dict.fromkeys(membership, 700.0),
+    )
+    site = {
+        "mode": STAGED,
+        "domains": {f"rack/r{i}": {"cap_watts": 10_000} for i in range(1, 5)},
+    }
+    fake = FakePrometheus(readings)
+    cached = Decider(tmp_path / "cached", fake.url, site)
+    direct = Decider(tmp_path / "direct", fake.url, site, placement_cache=False)
+    try:
+        for decider in (cached, direct):
+            decider.start(wait_ready=True)
+            decider.wait_fresh()
+        rep = {"model": "llama", "profile": "p", "gpus": 1, "power_watts": 1_500}
+        candidates = ["n4", "n3", "n2", "n1"]
+        answer = cached.place(rep, candidates)
+        assert answer["order"] == ["n4", "n2", "n1"]  # thermal observed: r2 allowed
+        assert direct.place(rep, candidates) == answer
+        for decider in (cached, direct):
+            held = decider.post("/v1/domains/rack/r4/hold", json={"reason": "PDU swap"})
+            assert held.status_code == 200, held.text
+        answer = cached.place(rep, candidates)
+        assert answer["order"] == ["n2", "n1"]
+        assert direct.place(rep, candidates) == answer
+    finally:
+        for decider in (cached, direct):
+            decider.close()
+        fake.close()
