@@ -31,13 +31,13 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from llmgw_common.yamlfile import Duration, load_model
+from llmgw_common.yamlfile import Duration, FilePath, load_model
 
 DEFAULT_PORT = 9851
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 def credentials_in_url(url: str) -> bool:
@@ -59,7 +59,7 @@ class BasicAuthSettings(_Model):
     """HTTP basic authentication: the password is the first line of `password_file`."""
 
     username: str = Field(min_length=1)
-    password_file: Path
+    password_file: FilePath
 
     @model_validator(mode="before")
     @classmethod
@@ -72,7 +72,7 @@ class AuthorizationSettings(_Model):
     """An Authorization header `type credentials`, the credentials read from a file."""
 
     type: str = Field("Bearer", pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")
-    credentials_file: Path
+    credentials_file: FilePath
 
     @model_validator(mode="before")
     @classmethod
@@ -85,9 +85,9 @@ class TLSSettings(_Model):
     """TLS to an https:// Prometheus: a CA to trust (else the system's), a client
     certificate and key, or no verification at all (`insecure_skip_verify`, for tests)."""
 
-    ca_file: Path | None = None
-    cert_file: Path | None = None
-    key_file: Path | None = None
+    ca_file: FilePath | None = None
+    cert_file: FilePath | None = None
+    key_file: FilePath | None = None
     insecure_skip_verify: bool = False
 
     @model_validator(mode="after")
@@ -171,10 +171,10 @@ class Staleness(_Model):
 
 class DeciderConfig(_Model):
     prometheus: PrometheusSettings = PrometheusSettings()
-    facility: Path = Path("facility.yaml")
+    facility: FilePath = Path("facility.yaml")
     listen: str = f"127.0.0.1:{DEFAULT_PORT}"
-    database: Path = Path("decider.db")
-    token_file: Path | None = None
+    database: FilePath = Path("decider.db")
+    token_file: FilePath | None = None
     refresh_interval: Duration = 15.0
     reservation_ttl: Duration = 300.0
     staleness: Staleness = Staleness()

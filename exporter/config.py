@@ -80,7 +80,7 @@ class Labels(BaseModel):
 
 
 class AgentConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     node: str = Field(default_factory=socket.gethostname, min_length=1)
     labels: Labels = Labels()

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ValidationError
+from pydantic import BaseModel, BeforeValidator, Strict, ValidationError
 
 Model = TypeVar("Model", bound=BaseModel)
 Location = tuple[str | int, ...]
@@ -71,6 +71,9 @@ def parse_duration(value: Any) -> float:
 
 #: Seconds, written in YAML as `5s`, `500ms`, `2m` or a number.
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+#: A file's path in a model with strict types: YAML has no path type, so its text is taken.
+FilePath = Annotated[Path, Strict(False)]
 
 
 class ConfigError(Exception):

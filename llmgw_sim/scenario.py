@@ -54,7 +54,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from llmgw_common.yamlfile import Duration, load_model, parse_duration
+from llmgw_common.yamlfile import Duration, FilePath, load_model, parse_duration
 from llmgw_sim.hardware import CPU_MODELS, GPU_MODELS, CpuModel, GpuModel
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -104,7 +104,7 @@ Load = Annotated[float, Field(ge=0, le=1)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
 
 
 # --- layout ---------------------------------------------------------------------------------
@@ -124,7 +124,7 @@ class NodeType(_Model):
 class Rack(_Model):
     nodes: int = Field(ge=0, le=MAX_NODES)
     node_type: str | None = None
-    pdus: tuple[Name, ...] | None = Field(None, min_length=1, max_length=4)
+    pdus: tuple[Name, ...] | None = Field(None, min_length=1, max_length=4, strict=False)
     """The PDUs that feed each of its nodes; default `<rack>-a` and `<rack>-b`."""
     inlet_c: float | None = Field(None, ge=-20, le=80)
 
@@ -175,7 +175,7 @@ class PduTrace(_Model):
     """A PDU's recorded utilisation (a fraction of its rating), replayed onto its nodes."""
 
     pdu: Name
-    file: Path
+    file: FilePath
     rating_watts: float = Field(gt=0)
     column: str = "measured_power_util"
     interval: Duration = 300.0
@@ -382,8 +382,8 @@ class Scenario(_Model):
     }
     rooms: Annotated[dict[Name, Room], BeforeValidator(_text_keys)] = Field(min_length=1)
     load: LoadSettings = LoadSettings()
-    pdu_traces: tuple[PduTrace, ...] = ()
-    events: tuple[Event, ...] = ()
+    pdu_traces: tuple[PduTrace, ...] = Field((), strict=False)
+    events: tuple[Event, ...] = Field((), strict=False)
 
     @field_validator("node_name")
     @classmethod

@@ -19,7 +19,7 @@ MIN_INTERVAL_SECONDS = 0.1
 class SourceConfig(BaseModel):
     """A source's section of agent.yaml (`sources.<name>`); a source may add keys."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     #: Longest interval the config may set, where a longer one would lose data.
     max_interval: ClassVar[float | None] = None

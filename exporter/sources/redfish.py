@@ -70,6 +70,7 @@ from exporter.sources.bmc import (
     is_inlet_name,
     node_power,
 )
+from llmgw_common.yamlfile import FilePath
 
 SERVICE_ROOT = "/redfish/v1/"
 DEFAULT_SESSIONS = "/redfish/v1/SessionService/Sessions"
@@ -94,9 +95,9 @@ class RedfishConfig(BmcConfig):
     chassis: str | None = None
     auth: Literal["session", "basic", "none"] = "session"
     #: User name on the first line, password on the second.
-    credentials_file: Path | None = None
+    credentials_file: FilePath | None = None
     #: Verify the BMC's certificate; a path is a CA bundle to verify it with.
-    tls_verify: bool | Path = True
+    tls_verify: bool | FilePath = True
 
     @field_validator("url")
     @classmethod

@@ -277,6 +277,16 @@ def test_decider_yaml_refuses_bad_figures_and_types_with_their_lines(tmp_path):
     result = check_config("--decider-config", path)
     assert_refused(result, 1, f"{path}:2: prometheus.retries: Input should be a valid integer", "")
     assert f"{path}:3: reservation_ttl: Value error, '100000h' is more than a year" in result.stderr
+    path.write_text(
+        "prometheus:\n  url: https://127.0.0.1:9090\n  tls_config: {insecure_skip_verify: 'yes'}\n"
+    )
+    result = check_config("--decider-config", path)
+    assert_refused(
+        result,
+        1,
+        f"{path}:3: prometheus.tls_config.insecure_skip_verify: Input should be a valid boolean",
+        "",
+    )
 
 
 @pytest.mark.parametrize(
@@ -285,14 +295,30 @@ def test_decider_yaml_refuses_bad_figures_and_types_with_their_lines(tmp_path):
         ("overhead_watts: .inf\n", "1: .inf is not a finite number"),
         ("overhead_watts: '250'\n", "1: overhead_watts: Input should be a valid number"),
         ("bmc_includes_gpus: 1\n", "1: bmc_includes_gpus: Input should be a valid boolean"),
+        (
+            "sources:\n  gpu: {enabled: 'yes'}\n",
+            "2: sources.gpu.enabled: Input should be a valid boolean",
+        ),
     ],
-    ids=["infinite", "quoted", "a number for a boolean"],
+    ids=["infinite", "quoted", "a number for a boolean", "text for a source's switch"],
 )
 def test_agent_yaml_refuses_bad_figures_and_types_with_exit_2(tmp_path, text, where):
     path = tmp_path / "agent.yaml"
     path.write_text(text)
     result = run("-m", "exporter", "--config", path, "--sysfs", tmp_path, "--once")
     assert_refused(result, 2, f"{path}:{where}", "")
+
+
+def test_a_scenario_refuses_text_where_a_number_goes_with_exit_2(tmp_path):
+    text = (REPO / "examples" / "scenarios" / "demo.yaml").read_text()
+    lines = text.splitlines()
+    index = next(i for i, line in enumerate(lines) if line.startswith("time_scale: "))
+    lines[index] = "time_scale: '30'"
+    path = tmp_path / "scenario.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    result = run("-m", "llmgw_facility.cli", "simulate", "--scenario", path)
+    assert result.returncode == 2, result.stderr
+    assert f"{path}:{index + 1}: time_scale: Input should be a valid number" in result.stderr
 
 
 def test_a_scenario_refuses_a_non_finite_figure_with_exit_2(tmp_path):
