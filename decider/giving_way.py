@@ -1,4 +1,6 @@
-"""Background work that gives way to the requests in flight.
+"""The decider's runtime policy: background work that gives way to the requests in flight
+(pacing), and the garbage collector's handling of Views (`Collector`). The domain code
+(decider.state, decider.placement) takes a pause and a collector and knows neither policy.
 
 The decider answers every request on one event-loop thread; its refresher works out each
 new View (every node's state, the recent replica shapes' answer entries: about half a
@@ -20,9 +22,11 @@ only thread that changes it.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -33,6 +37,9 @@ PAUSE_EVERY = 32
 #: The share of the refresh interval each of a refresh's two pieces (parsing Prometheus'
 #: answers, working out the View) may wait for requests: at most half an interval in all.
 GIVE_WAY_SHARE = 0.25
+
+#: Refreshes between two full garbage collections (Collector.refreshed).
+FULL_COLLECTION_EVERY = 20
 
 Pause = Callable[[], None]
 T = TypeVar("T")
@@ -114,3 +121,46 @@ class CountInFlight:
             await self.app(scope, receive, send)
         finally:
             self.in_flight.leave()
+
+
+class Collector:
+    """What the garbage collector does around Views (docs/benchmarks.md, "Where the time
+    goes"). A View holds 10,000 nodes' states and answer entries: long-lived objects that
+    every collection would walk again (a young one every request or two: 0.3 ms at 10,000
+    nodes; a full one triples a 10,000-candidate placement's latency), and whose garbage
+    needs no collector (decider.placement.answers keeps it acyclic). So:
+
+    - `off()` while a refresh works out its View: each young collection would walk what is
+      made so far again, holding the interpreter 10 to 40 ms where no pause can give way;
+      the View is frozen out of the collector's sight after;
+    - `changed()` after a write made its View: frozen likewise;
+    - `refreshed()` after each refresh: what was frozen is looked at again (unfreeze,
+      collect) every `full_every` refreshes, so garbage in cycles cannot pile up in the
+      permanent generation. Not at every refresh: a full collection holds the GIL for a
+      10,000-node site's 0.1 s.
+    """
+
+    def __init__(self, full_every: int = FULL_COLLECTION_EVERY) -> None:
+        self._full_every = full_every
+        self._refreshes = 0
+
+    @contextmanager
+    def off(self) -> Iterator[None]:
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            yield
+        finally:
+            gc.freeze()
+            if collecting:
+                gc.enable()
+
+    def changed(self) -> None:
+        gc.freeze()
+
+    def refreshed(self) -> None:
+        self._refreshes += 1
+        if (self._refreshes - 1) % self._full_every == 0:  # the first, and so on
+            gc.unfreeze()
+            gc.collect()
+        gc.freeze()

@@ -20,7 +20,7 @@ from decider.config import DeciderConfig
 from decider.decisions import DecisionLog
 from decider.domains_json import domain_json
 from decider.facility import Facility
-from decider.giving_way import GIVE_WAY_SHARE, InFlight
+from decider.giving_way import GIVE_WAY_SHARE, Collector, InFlight
 from decider.metrics import DatabaseCollector, DecisionCounters, DomainCollector
 from decider.refresher import Refresher
 from decider.shedding import Shedder, SheddingCollector
@@ -140,7 +140,14 @@ class Service:
         config = loaded.config
         self.store = Store(config.database)
         self.in_flight = InFlight()  # counted by the API's middleware (decider.giving_way)
-        self.state = State(loaded.facility, self.store, config.reservation_ttl, config.staleness)
+        # The runtime policy (decider.giving_way): pacing above, the collector here.
+        self.state = State(
+            loaded.facility,
+            self.store,
+            config.reservation_ttl,
+            config.staleness,
+            collector=Collector(),
+        )
         self.refreshed_once = False
         self.refresher = Refresher(
             config,

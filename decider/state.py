@@ -11,7 +11,6 @@ overrides from the database.
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
 import threading
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 
 from decider.config import Staleness
 from decider.facility import DomainRef, Facility
-from decider.giving_way import Pause, no_pause, paced
+from decider.giving_way import Collector, Pause, no_pause, paced
 from decider.models import Replica, ReservationRequest
 from decider.placement import Verdict, answers, judge, missing, observed
 from decider.placement.view import View
@@ -29,9 +28,6 @@ from decider.snapshot import INVENTORY_PARTS, Snapshot
 from decider.store import Hold, Override, Proposal, Reservation, Store
 
 log = logging.getLogger(__name__)
-
-#: Refreshes between two full garbage collections (State.set_snapshot).
-FULL_COLLECTION_EVERY = 20
 
 
 @dataclass(frozen=True)
@@ -51,15 +47,18 @@ class State:
         reservation_ttl: float,
         staleness: Staleness,
         clock: Callable[[], float] = time.time,
+        collector: Collector | None = None,
     ) -> None:
+        """`collector`: the runtime policy's handling of the garbage collector around Views
+        (decider.giving_way.Collector; the service's, else a default one)."""
         self._lock = threading.Lock()
+        self.collector = collector if collector is not None else Collector()
         self._clock = clock
         self.store = store
         self._facility = facility
         self._ttl = reservation_ttl
         self._staleness = staleness
         self._snapshot = Snapshot()
-        self._refreshes = 0
         self._reservations = {r.id: r for r in store.reservations()}
         self._holds = store.holds()
         self._overrides = store.overrides()
@@ -105,13 +104,9 @@ class State:
             # The placement answers' shapes asked about lately, made before the View is
             # swapped in: the change pays for them, not the next placement.
             answers.prepare(view)
-            # And the View's new dicts (10,000 node states, entries) out of the collector's
-            # young generations, as set_snapshot does: each collection would walk them
-            # again, a young one every request or two (0.3 ms at 10,000 nodes), an older one
-            # several milliseconds; a View's garbage needs no collector (answers keeps it
-            # acyclic), and what is frozen is collected every FULL_COLLECTION_EVERY
-            # refreshes (docs/benchmarks.md, "Where the time goes").
-            gc.freeze()
+            # And the View's new dicts out of the collector's sight (the runtime policy's:
+            # decider.giving_way.Collector).
+            self.collector.changed()
         return view
 
     def _new_view(self, snapshot: Snapshot) -> tuple[View, float]:
@@ -166,23 +161,13 @@ class State:
             view, valid_until = self._new_view(snapshot)
         # Work out every domain's and node's state here, on the refresher's thread, not in
         # the first placement after it, giving way to requests in flight (nobody reads this
-        # View yet); then move these long-lived objects out of the garbage collector's
-        # sight: a full collection walking 10,000 nodes' states triples the latency of a
-        # 10,000-candidate placement (docs/benchmarks.md). Without the collector meanwhile:
-        # each young collection would walk what is made so far again, holding the
-        # interpreter 10 to 40 ms where no pause can give way.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        # View yet), the collector as the runtime policy says (decider.giving_way).
+        with self.collector.off():
             view.work_out_domains(pause)
             for node in paced(snapshot.membership, pause):
                 view.node(node)
             # And the placement answers' entries for the replica shapes asked about lately.
             answers.warm(view, self._view, pause)
-        finally:
-            gc.freeze()
-            if collecting:
-                gc.enable()
         with self._lock:
             self._snapshot = snapshot
             current = self._view  # freed below, once no request is in flight
@@ -204,15 +189,7 @@ class State:
                 self._view = self._build(*self._since(view), start=view)
         pause()
         del current  # the View before: 10,000 nodes' states and entries, 10 to 20 ms to free
-        # What was frozen is looked at again (unfreeze, collect) every FULL_COLLECTION_EVERY
-        # refreshes, so garbage in cycles cannot pile up in the permanent generation. Not
-        # at every refresh: a full collection holds the GIL for a 10,000-node site's 0.1 s,
-        # and a View's garbage needs none (decider.placement.answers keeps it acyclic).
-        self._refreshes += 1
-        if (self._refreshes - 1) % FULL_COLLECTION_EVERY == 0:  # the first, and so on
-            gc.unfreeze()
-            gc.collect()
-        gc.freeze()
+        self.collector.refreshed()
 
     def set_facility(
         self, facility: Facility, reservation_ttl: float, staleness: Staleness

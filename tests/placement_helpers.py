@@ -16,6 +16,7 @@ from unittest import mock
 from hypothesis import HealthCheck, settings
 from pydantic_core import to_json
 
+import decider.giving_way
 import decider.state
 from decider.config import Staleness
 from decider.facility import DomainRef, Facility
@@ -325,7 +326,7 @@ def state_of(spec: SiteSpec, snapshot: Snapshot | None) -> Iterator[State]:
         facility = Facility.model_validate(spec.facility)
         state = State(facility, store, 300.0, STALENESS, clock=lambda: NOW)
         if snapshot is not None:
-            with mock.patch.object(decider.state, "gc", NO_GC):
+            with mock.patch.object(decider.giving_way, "gc", NO_GC):
                 state.set_snapshot(snapshot)
         yield state
     finally:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import decider.giving_way
 import decider.state
 from decider.facility import DomainRef, Facility
 from decider.models import Replica, ReservationRequest
@@ -52,7 +53,7 @@ class Site:
         )
 
     def refresh(self) -> None:
-        with mock.patch.object(decider.state, "gc", NO_GC):
+        with mock.patch.object(decider.giving_way, "gc", NO_GC):
             self.state.set_snapshot(self.snapshot())
 
     def heat(self, key: str, seconds: float) -> None:

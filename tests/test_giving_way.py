@@ -7,10 +7,12 @@ import asyncio
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from decider import giving_way
 from decider.giving_way import PAUSE_EVERY, CountInFlight, InFlight
 from decider.models import ReservationRequest
 from decider.placement import answers
@@ -142,3 +144,35 @@ def test_a_refresh_gives_way_and_writes_meanwhile_keep_the_current_views_figures
     for rep in SHAPES[:2]:
         assert_as_decide(view, rep, CANDIDATES)
     assert answers.shape(view, SHAPES[0]).entries  # worked out before the swap
+
+
+def test_the_collector_policy_collects_every_full_every_refreshes_and_freezes_each_view(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """decider.giving_way.Collector, the runtime policy the service hands its State: off
+    while a View is worked out, each View frozen after, a full collection at the first
+    refresh and every `full_every` after."""
+    calls: list[str] = []
+    enabled = [True]
+    recorder = SimpleNamespace(
+        isenabled=lambda: enabled[0],
+        disable=lambda: (calls.append("disable"), enabled.__setitem__(0, False)),
+        enable=lambda: (calls.append("enable"), enabled.__setitem__(0, True)),
+        freeze=lambda: calls.append("freeze"),
+        unfreeze=lambda: calls.append("unfreeze"),
+        collect=lambda: calls.append("collect"),
+    )
+    monkeypatch.setattr(giving_way, "gc", recorder)
+    collector = giving_way.Collector(full_every=3)
+    with collector.off():
+        assert calls == ["disable"]
+    assert calls == ["disable", "freeze", "enable"]
+    calls.clear()
+    for _ in range(4):
+        collector.refreshed()
+    first, second, third = ["unfreeze", "collect", "freeze"], ["freeze"], ["freeze"]
+    fourth = ["unfreeze", "collect", "freeze"]  # the 4th: 3 after the first
+    assert calls == [*first, *second, *third, *fourth]
+    calls.clear()
+    collector.changed()
+    assert calls == ["freeze"]

@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn, composite
 
+import decider.giving_way
 import decider.state
 from decider.config import Staleness
 from decider.facility import PHASES, Domain, DomainRef, Facility
@@ -487,7 +488,7 @@ def test_no_accepted_reservation_takes_a_phase_past_its_limit(spec: PhasedSpec) 
     store = Store(Path(":memory:"))
     staleness = Staleness(readings=120.0, inventory=3600.0)
     state = State(facility, store, 300.0, staleness, clock=lambda: NOW)
-    with mock.patch.object(decider.state, "gc", NO_GC):  # no part of the rules, and slow
+    with mock.patch.object(decider.giving_way, "gc", NO_GC):  # no part of the rules, and slow
         state.set_snapshot(snapshot)
     derating, margin = facility.defaults.derating, facility.defaults.margin
     limits: dict[str, float] = {}

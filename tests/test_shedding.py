@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn, composite
 
+import decider.giving_way
 import decider.state
 from decider.config import Staleness
 from decider.facility import DomainRef, Facility
@@ -259,7 +260,7 @@ def test_without_the_hot_part_nothing_is_shed_and_missing_says_why():
         snapshot = dataclasses.replace(
             s.snapshot(), parts={name: Part(NOW if name != "hot" else None) for name in PARTS}
         )
-        with mock.patch.object(decider.state, "gc", NO_GC):
+        with mock.patch.object(decider.giving_way, "gc", NO_GC):
             s.state.set_snapshot(snapshot)
         result = s.plan()
         assert result.entries == []
