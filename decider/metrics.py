@@ -156,6 +156,16 @@ class DomainCollector(Collector):
             if part.read_at is not None:
                 parts.add_metric([name], part.read_at)
         yield parts
+        left_out = GaugeMetricFamily(
+            "llmgw_decider_series_left_out",
+            "Series of each part's last read left out as bad (NaN, infinite, negative power, "
+            "a fractional GPU count, bad labels); the rest of the part is used.",
+            labels=["part"],
+        )
+        for name, part in snapshot.parts.items():
+            if part.read_at is not None:
+                left_out.add_metric([name], float(part.left_out_count))
+        yield left_out
         reservations = GaugeMetricFamily(
             "llmgw_decider_reservations",
             "Reservations held, confirmed or waiting for confirmation.",

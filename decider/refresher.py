@@ -49,6 +49,9 @@ from decider.snapshot import INVENTORY_PARTS, PARTS, Part, Snapshot
 
 log = logging.getLogger(__name__)
 
+#: A part's left-out series: the message naming them (None: none), and how many.
+LeftOut = tuple[str | None, int]
+
 #: How old a rule's sample may be and still count as current: three evaluations of the
 #: rules' 30 s groups, so one late evaluation or scrape hides nothing.
 FRESH_WINDOW_S = 90.0
@@ -185,7 +188,7 @@ def _shown(promql: str) -> str:
 
 def _read_part(
     reader: PrometheusReader, part: str, promql: str, pause: Pause = no_pause
-) -> tuple[Any, str | None]:
+) -> tuple[Any, LeftOut]:
     """(data, the series it left out) for one part; raises QueryError with the part and
     query named. A conditions answer with a state set read half written is read once more,
     a moment later."""
@@ -198,7 +201,7 @@ def _read_part(
 
 def _read_part_once(
     reader: PrometheusReader, part: str, promql: str, pause: Pause = no_pause
-) -> tuple[Any, str | None]:
+) -> tuple[Any, LeftOut]:
     try:
         dropped = Dropped()
         data = parse_part(part, read_samples(reader.query(promql), dropped, pause), dropped, pause)
@@ -209,7 +212,7 @@ def _read_part_once(
             _one_line(f"{part} query `{_shown(promql)}`: unexpected {type(exc).__name__}: {exc}")
         ) from exc
     left_out = dropped.message()
-    return data, None if left_out is None else _one_line(left_out)
+    return data, (None if left_out is None else _one_line(left_out), dropped.count)
 
 
 def _previous_data(previous: Snapshot, part: str) -> Any:
@@ -233,17 +236,17 @@ def _run_all(
     texts: Mapping[str, str],
     cancel: threading.Event | None,
     pause: Pause = no_pause,
-) -> dict[str, tuple[Any, str | None] | QueryError]:
+) -> dict[str, tuple[Any, LeftOut] | QueryError]:
     """Every part's outcome, queried in parallel and waited for at most the reader's budget."""
-    outcomes: dict[str, tuple[Any, str | None] | QueryError] = {}
+    outcomes: dict[str, tuple[Any, LeftOut] | QueryError] = {}
     executor = ThreadPoolExecutor(max_workers=len(texts), thread_name_prefix="prometheus-query")
     try:
-        futures: dict[Future[tuple[Any, str | None]], str] = {
+        futures: dict[Future[tuple[Any, LeftOut]], str] = {
             executor.submit(_read_part, reader, part, text, pause): part
             for part, text in texts.items()
         }
         deadline = time.monotonic() + reader.budget_s + BUDGET_GRACE_S
-        pending: Iterable[Future[tuple[Any, str | None]]] = set(futures)
+        pending: Iterable[Future[tuple[Any, LeftOut]]] = set(futures)
         while pending and (left := deadline - time.monotonic()) > 0:
             if cancel is not None and cancel.is_set():
                 break
@@ -305,13 +308,20 @@ def refresh(
         if isinstance(outcome, QueryError):
             data[part] = _previous_data(previous, part)
             before = previous.parts.get(part, Part())
-            parts[part] = Part(read_at=before.read_at, error=str(outcome), left_out=before.left_out)
+            parts[part] = Part(
+                read_at=before.read_at,
+                error=str(outcome),
+                left_out=before.left_out,
+                left_out_count=before.left_out_count,
+            )
         else:
-            data[part], left_out = outcome
+            data[part], (left_out, left_out_count) = outcome
             note = None
             if part == "conditions":
                 data[part], note = settle_conditions(data[part], previous.conditions)
-            parts[part] = Part(read_at=now, error=note, left_out=left_out)
+            parts[part] = Part(
+                read_at=now, error=note, left_out=left_out, left_out_count=left_out_count
+            )
             if part == "profiles":
                 remember = inventory_window_seconds or window_seconds
                 data[part] = merge_profiles(data[part], previous.profiles, now, remember)

@@ -54,6 +54,8 @@ class Part:
     #: in `missing` while the part is fresh, since the domains and nodes they were about
     #: read as not measured.
     left_out: str | None = None
+    #: How many series `left_out` names or counts (llmgw_decider_series_left_out).
+    left_out_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,7 +122,11 @@ def test_a_nan_for_a_rack_without_a_budget_leaves_another_rack_protected(tmp_pat
         two_gpus = {"model": "llama", "profile": "tp8", "gpus": 2}
         estimates = by_node(place(decider, two_gpus, ["n1", "n3"]))
         assert estimates["n1"]["estimate_watts"] < estimates["n3"]["estimate_watts"]
-        assert metric_value(decider.metrics(), "llmgw_decider_prometheus_up") == 1.0
+        metrics = decider.metrics()
+        assert metric_value(metrics, "llmgw_decider_prometheus_up") == 1.0
+        assert metric_value(metrics, "llmgw_decider_series_left_out", part="measured") == 1.0
+        assert metric_value(metrics, "llmgw_decider_series_left_out", part="gpus") == 1.0
+        assert metric_value(metrics, "llmgw_decider_series_left_out", part="limits") == 0.0
     finally:
         decider.close()
         fake.close()
