@@ -90,9 +90,33 @@ def no_pause() -> None:
     """The pause of work that gives way to nothing (tests, tools)."""
 
 
-def paced(items: Iterable[T], pause: Pause) -> Iterator[T]:
-    """`items`, with `pause` called after every PAUSE_EVERY of them; as they are for
-    `no_pause` (what placements and writes pass), at no cost."""
+#: The pause of the work on this thread (`giving_way`); none set: `no_pause`.
+_this_thread = threading.local()
+
+
+@contextmanager
+def giving_way(pause: Pause) -> Iterator[None]:
+    """Work on this thread meanwhile gives way with `pause` (a refresh's): the domain code
+    paces its long loops (`paced`, `give_way_now`) without passing a pause along. A
+    request's thread never sets one: its loops run unpaced, at no cost."""
+    before = getattr(_this_thread, "pause", no_pause)
+    _this_thread.pause = pause
+    try:
+        yield
+    finally:
+        _this_thread.pause = before
+
+
+def give_way_now() -> None:
+    """Call this thread's pause once (between two long stretches of work)."""
+    getattr(_this_thread, "pause", no_pause)()
+
+
+def paced(items: Iterable[T], pause: Pause | None = None) -> Iterator[T]:
+    """`items`, with `pause` (this thread's where not given: `giving_way`) called after every
+    PAUSE_EVERY of them; as they are for `no_pause` (placements, writes), at no cost."""
+    if pause is None:
+        pause = getattr(_this_thread, "pause", no_pause)
     if pause is no_pause:
         return iter(items)
     return _paced(items, pause)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from decider.config import Staleness
 from decider.facility import DomainRef, Facility
-from decider.giving_way import Collector, Pause, no_pause, paced
+from decider.giving_way import Collector, Pause, giving_way, no_pause, paced
 from decider.models import Replica, ReservationRequest
 from decider.placement import Verdict, answers, judge, missing, observed
 from decider.placement.view import View
@@ -162,12 +162,12 @@ class State:
         # Work out every domain's and node's state here, on the refresher's thread, not in
         # the first placement after it, giving way to requests in flight (nobody reads this
         # View yet), the collector as the runtime policy says (decider.giving_way).
-        with self.collector.off():
-            view.work_out_domains(pause)
-            for node in paced(snapshot.membership, pause):
+        with self.collector.off(), giving_way(pause):
+            view.work_out_domains()
+            for node in paced(snapshot.membership):
                 view.node(node)
             # And the placement answers' entries for the replica shapes asked about lately.
-            answers.warm(view, self._view, pause)
+            answers.warm(view, self._view)
         with self._lock:
             self._snapshot = snapshot
             current = self._view  # freed below, once no request is in flight

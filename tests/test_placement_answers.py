@@ -20,7 +20,6 @@ from __future__ import annotations
 import gc
 import tempfile
 import weakref
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -343,8 +342,8 @@ def test_writes_during_a_refresh_are_in_the_view_swapped_in_which_keeps_its_entr
     warm = answers.warm
     warmed: list[View] = []
 
-    def warm_then_write(view: View, before: View, pause: Callable[[], None]) -> None:
-        warm(view, before, pause)  # then writes, as a scheduler would meanwhile
+    def warm_then_write(view: View, before: View) -> None:
+        warm(view, before)  # then writes, as a scheduler would meanwhile
         warmed.append(view)
         assert site.reserve("r5-1", SHAPES[0]).reservation is not None
         site.state.hold(DomainRef("rack", "r2"), "cooling")

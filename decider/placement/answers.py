@@ -63,7 +63,7 @@ from typing import Any, overload
 
 from pydantic_core import to_json
 
-from decider.giving_way import PAUSE_EVERY, Pause, no_pause, paced
+from decider.giving_way import PAUSE_EVERY, give_way_now, paced
 from decider.models import Replica
 from decider.placement import (
     Decision,
@@ -344,16 +344,16 @@ class Shape:
             if found.noted:
                 self.noted = True
 
-    def tally(self, pause: Pause = no_pause) -> None:
+    def tally(self) -> None:
         """Count the entries set since the last call (see `_untallied`), those set by now:
         one named but not yet set (on another thread, meanwhile) is counted next time.
-        `pause` is called every PAUSE_EVERY entries (a refresh's, decider.giving_way)."""
+        Paced as the thread's runtime policy says (a refresh's: decider.giving_way)."""
         untallied = self._untallied[:]
         over, base = self.entries.over, self.entries.base
         coarse, past = self.coarse, self._past
         top = self._top_room
         counted = 0
-        for name in paced(untallied, pause):
+        for name in paced(untallied):
             found = over.get(name, base.get(name))
             if found is None:
                 break
@@ -634,11 +634,11 @@ def lineage(
     return found
 
 
-def warm(view: View, before: View, pause: Pause = no_pause) -> None:
+def warm(view: View, before: View) -> None:
     """Work out on `view` (a refresh's, before it is swapped in) the entries of every node
     for the replica shapes `before` was last asked about, at most SHAPES_WARMED of them,
-    so that the first placement after a refresh costs what any other does; `pause` is
-    called every PAUSE_EVERY nodes (decider.giving_way)."""
+    so that the first placement after a refresh costs what any other does; giving way
+    every PAUSE_EVERY nodes as the thread's runtime policy says (decider.giving_way)."""
     recent = list(reversed(before.__dict__.get(CACHE, {})))
     earlier = sorted(before.__dict__.get(LINEAGE, {}).items(), key=lambda item: item[1][2])
     recent += [replica for replica, _ in earlier if replica not in recent]
@@ -648,11 +648,11 @@ def warm(view: View, before: View, pause: Pause = no_pause) -> None:
         names = list(nodes)
         for start in range(0, len(names), PAUSE_EVERY):
             warmed.fill(names[start : start + PAUSE_EVERY])
-            pause()
-        warmed.tally(pause)  # for the next View's take_over, here rather than in a placement
+            give_way_now()
+        warmed.tally()  # for the next View's take_over, here rather than in a placement
         # One base of them all, before anything reads them: the changes after it share it.
-        warmed.entries = warmed.entries.compacted(pause)
-        pause()
+        warmed.entries = warmed.entries.compacted()
+        give_way_now()
         warmed.index()
 
 

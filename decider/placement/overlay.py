@@ -28,7 +28,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Generic, TypeVar
 
-from decider.giving_way import Pause, no_pause, paced
+from decider.giving_way import paced
 
 V = TypeVar("V")
 
@@ -108,12 +108,12 @@ class Layered(Mapping[str, V], Generic[V]):
         """This, or compacted once the overlay holds more than `limit` names."""
         return self.compacted() if len(self.over) > limit(len(self.base)) else self
 
-    def compacted(self, pause: Pause = no_pause) -> Layered[V]:
+    def compacted(self) -> Layered[V]:
         """Base and overlay as one new base (a copy: the old ones may still be read, and
-        written, on other threads), and an empty overlay; `pause` is called every
-        PAUSE_EVERY names of the overlay (a refresh's, decider.giving_way)."""
+        written, on other threads), and an empty overlay; paced as the thread's runtime
+        policy says (a refresh's gives way: decider.giving_way)."""
         base = dict(self.base)
-        for name, value in paced(list(self.over.items()), pause):
+        for name, value in paced(list(self.over.items())):
             if value is None:
                 base.pop(name, None)
             else:

@@ -29,7 +29,7 @@ from functools import cached_property
 
 from decider import overrides as overrides_text
 from decider.facility import Domain, DomainRef, Facility
-from decider.giving_way import Pause, no_pause, paced
+from decider.giving_way import paced
 from decider.placement import condition as condition_score
 from decider.placement import evidence, phases, rules
 from decider.placement import held as held_rule
@@ -106,11 +106,8 @@ class View:
     @cached_property
     def replicas_by_model(self) -> dict[tuple[str, DomainRef], int]:
         """Reserved replicas of each model per rack and pdu, for the spread preference."""
-        return self._replicas_by_model(no_pause)
-
-    def _replicas_by_model(self, pause: Pause) -> dict[tuple[str, DomainRef], int]:
         counts: dict[tuple[str, DomainRef], int] = {}
-        for reservation in paced(self.reservations.values(), pause):
+        for reservation in paced(self.reservations.values()):
             for ref in self.reservation_domains(reservation):
                 if ref.kind in ("rack", "pdu"):
                     key = (reservation.model, ref)
@@ -120,14 +117,11 @@ class View:
     @cached_property
     def domain_refs(self) -> frozenset[DomainRef]:
         """Every domain this view knows: Prometheus' inventory, the file's, the holds'."""
-        return self._domain_refs(no_pause)
-
-    def _domain_refs(self, pause: Pause) -> frozenset[DomainRef]:
         declared = {ref for ref, _ in self.facility.declared()}
         known = self.snapshot.domains if "inventory" in self.fresh else frozenset()
         members: set[DomainRef] = set()
         if "membership" in self.fresh:
-            for refs in paced(self.snapshot.membership.values(), pause):
+            for refs in paced(self.snapshot.membership.values()):
                 members.update(refs)
         return frozenset(known | declared | members | set(self.holds) | set(self.reserved_watts))
 
@@ -135,21 +129,17 @@ class View:
     def domains(self) -> dict[DomainRef, DomainState]:
         return {ref: self._domain_state(ref) for ref in self.domain_refs}
 
-    def work_out_domains(self, pause: Pause) -> None:
+    def work_out_domains(self) -> None:
         """`domains` (and what they and the spread preference read first), worked out now,
-        calling `pause` every PAUSE_EVERY items: a refresh's View, before anyone reads it
-        (State.set_snapshot)."""
-        mine = self.__dict__
-        if "replicas_by_model" not in mine:
-            mine["replicas_by_model"] = self._replicas_by_model(pause)
-        if "domains" in mine:
+        giving way as this thread's runtime policy says (decider.giving_way.giving_way): a
+        refresh's View, before anyone reads it (State.set_snapshot)."""
+        self.replicas_by_model  # noqa: B018 -- worked out here, paced, not on first read
+        if "domains" in self.__dict__:
             return
-        if "domain_refs" not in mine:
-            mine["domain_refs"] = self._domain_refs(pause)
         domains: dict[DomainRef, DomainState] = {}
-        for ref in paced(self.domain_refs, pause):
+        for ref in paced(self.domain_refs):
             domains[ref] = self._domain_state(ref)
-        mine["domains"] = domains
+        self.__dict__["domains"] = domains
 
     @cached_property
     def coarse_refs(self) -> tuple[DomainRef, ...]:
