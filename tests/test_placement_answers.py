@@ -20,6 +20,7 @@ from __future__ import annotations
 import gc
 import tempfile
 import weakref
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from hypothesis import strategies as st
 from decider.facility import DomainRef
 from decider.models import Replica
 from decider.placement import answers, decide, tallies
+from decider.placement import view as view_module
 from decider.placement.entry_index import EntryIndexInPython
 from decider.placement.view import View
 from tests import placement_helpers
@@ -626,3 +628,14 @@ def test_a_decider_without_the_answer_cache_answers_as_one_with_it(tmp_path: Pat
         for decider in (cached, direct):
             decider.close()
         fake.close()
+
+
+def test_settle_says_what_it_does_with_every_figure_a_view_caches() -> None:
+    """View.settle carries figures over by name: each cached property is carried, updated
+    or worked out anew, and said so once (decider.placement.view), so that a new figure
+    cannot be carried over stale by omission."""
+    cached = {name for name, attr in vars(View).items() if isinstance(attr, cached_property)}
+    lists = (view_module.SETTLE_CARRIES, view_module.SETTLE_UPDATES)
+    lists += (view_module.SETTLE_WORKS_OUT_ANEW,)
+    assert sum(map(len, lists)) == len(set().union(*lists)), "a figure in two lists"
+    assert set().union(*lists) == cached
