@@ -23,7 +23,8 @@ from decider.facility import Facility
 from decider.giving_way import GIVE_WAY_SHARE, Collector, InFlight
 from decider.metrics import DatabaseCollector, DecisionCounters, DomainCollector
 from decider.refresher import Refresher
-from decider.shedding import Shedder, SheddingCollector
+from decider.shedding.collector import SheddingCollector
+from decider.shedding.shedder import Shedder
 from decider.state import State
 from decider.store import Store, StoreError
 from llmgw_common.yamlfile import ConfigError

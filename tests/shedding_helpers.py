@@ -14,7 +14,8 @@ import decider.giving_way
 import decider.state
 from decider.facility import DomainRef, Facility
 from decider.models import Replica, ReservationRequest
-from decider.shedding import Plan, Shedder
+from decider.shedding.planner import Plan
+from decider.shedding.shedder import Shedder
 from decider.snapshot import PARTS, Part, Snapshot
 from decider.state import State
 from decider.store import Store

@@ -23,7 +23,7 @@ from hypothesis.strategies import DrawFn, composite
 from decider.facility import DomainRef, Facility
 from decider.models import Replica
 from decider.placement import decide
-from decider.shedding import failover
+from decider.shedding.failover import failover
 from decider.snapshot import PARTS, Part, Snapshot
 from tests.placement_helpers import NOW, SETTINGS, SiteSpec, ref, state_of
 from tests.shedding_helpers import CLASSES, MODELS, SHEDDING, site

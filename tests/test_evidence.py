@@ -14,7 +14,7 @@ import pytest
 import requests
 import yaml
 
-from decider import placement, shedding
+from decider import placement
 from decider.config import Staleness
 from decider.domains_json import domain_json
 from decider.facility import DomainRef, Facility
@@ -22,6 +22,7 @@ from decider.models import Replica
 from decider.placement.evidence import describe, duration
 from decider.prometheus_parse import Dropped, Sample, parse_part
 from decider.refresher import queries
+from decider.shedding import planner
 from decider.snapshot import PARTS, Evidence, Part, Snapshot
 from decider.state import State
 from decider.store import Store
@@ -313,7 +314,7 @@ def test_without_evidence_the_words_are_todays(tmp_path):
     assert domain_json(state.view(), RACK)["evidence"] is None
     verdict = placement.decide(state.view(), REPLICA, ["n1"]).as_json()["nodes"][0]
     assert verdict["reasons"] == ["rack r12-07 hot", "row 12 hot"]
-    plan = shedding.plan(state.view(), T0, {})
+    plan = planner.plan(state.view(), T0, {})
     assert [entry["reason"] for entry in plan.entries] == [
         "rack r12-07 hot for 6m, shed after 10m",
         "row 12 hot for 4m, shed after 10m",
@@ -321,7 +322,7 @@ def test_without_evidence_the_words_are_todays(tmp_path):
 
 
 def test_the_shedding_plan_names_what_holds_each_domain_hot(tmp_path):
-    plan = shedding.plan(state_with(tmp_path, EVIDENCE, shedding_on=True).view(), T0, {})
+    plan = planner.plan(state_with(tmp_path, EVIDENCE, shedding_on=True).view(), T0, {})
     assert [entry["reason"] for entry in plan.entries] == [
         "rack r12-07 hot: inlet 33.1 °C over its 32 °C hot threshold for 6 min, shed after 10m",
         "row 12 hot: cooling unit in alarm for 4 min, shed after 10m",

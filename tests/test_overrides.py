@@ -10,11 +10,12 @@ from types import MappingProxyType
 
 import pytest
 
-from decider import placement, shedding
+from decider import placement
 from decider.config import Staleness
 from decider.domains_json import domain_json
 from decider.facility import DomainRef, Facility
 from decider.models import OverrideRequest, Replica
+from decider.shedding import planner
 from decider.snapshot import PARTS, Part, Snapshot
 from decider.state import State
 from decider.store import Store, StoreError
@@ -183,7 +184,7 @@ def test_an_override_through_the_cli_is_kept_across_a_restart_and_ended(tmp_path
         row = decider.get("/v1/domains/row/12").json()
         assert row["condition"] == "ok" and row["override"]["condition"] == "hot"
         page = decider.get("/").text
-        assert f"<span class=\"overridden\">OVERRIDDEN</span> {note}" in page
+        assert f'<span class="overridden">OVERRIDDEN</span> {note}' in page
         main(["facility", "--decider", decider.url])
         assert f"row/12: {note}" in capsys.readouterr().out.splitlines()
         metrics = decider.get("/metrics").text
@@ -227,6 +228,6 @@ def test_the_shedding_plan_leaves_an_overridden_domain_alone(tmp_path):
             prometheus_up=True,
         )
     )
-    assert [entry["domain"] for entry in shedding.plan(state.view(), T0, {}).entries] == ["row/12"]
+    assert [entry["domain"] for entry in planner.plan(state.view(), T0, {}).entries] == ["row/12"]
     state.override(ROW, "sensor fault", 600, "ops")
-    assert shedding.plan(state.view(), T0, {}).entries == []
+    assert planner.plan(state.view(), T0, {}).entries == []

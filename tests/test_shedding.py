@@ -1,4 +1,4 @@
-"""Shedding plans and the loss of a feed (decider/shedding.py): worked examples in-process,
+"""Shedding plans and the loss of a feed (decider/shedding/): worked examples in-process,
 properties (hypothesis) over generated sites, and the calls on a real decider.
 
 In-process sites are a State over a Store, reservations made through the real placement
@@ -28,7 +28,9 @@ from decider.facility import DomainRef, Facility
 from decider.models import Replica, ReservationRequest
 from decider.placement import judge
 from decider.placement.view import View
-from decider.shedding import Plan, Shedder, failover
+from decider.shedding.failover import failover
+from decider.shedding.planner import Plan
+from decider.shedding.shedder import Shedder
 from decider.snapshot import PARTS, Part
 from decider.state import State
 from decider.store import Reservation, Store
@@ -294,7 +296,7 @@ def test_the_pacing_survives_a_restart(tmp_path: Path):
 def test_a_plan_that_cannot_be_recorded_leaves_metrics_serving(caplog):
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from decider.shedding import SheddingCollector
+    from decider.shedding.collector import SheddingCollector
     from decider.store import StoreError
 
     with site({"shedding": SHEDDING, "domains": RACKS}, MEMBERSHIP) as s:
@@ -704,17 +706,17 @@ def test_a_metrics_scrape_leaves_the_power_caps_unworked(monkeypatch):
     at 10,000 nodes, docs/benchmarks.md) are worked out only for an answer that shows them."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from decider import shedding
-    from decider.shedding import SheddingCollector
+    from decider.shedding import planner
+    from decider.shedding.collector import SheddingCollector
 
     worked_out: list[int] = []
-    capping_elsewhere = shedding.capping_elsewhere
+    capping_elsewhere = planner.capping_elsewhere
 
     def counted(view: Any) -> list[dict[str, Any]]:
         worked_out.append(1)
         return capping_elsewhere(view)
 
-    monkeypatch.setattr(shedding, "capping_elsewhere", counted)
+    monkeypatch.setattr(planner, "capping_elsewhere", counted)
     with site({"domains": RACKS}, MEMBERSHIP) as s:
         s.reserve("a1", 2000, "embed")
         s.conditions[ref("rack/r1")] = "warm"

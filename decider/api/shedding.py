@@ -8,10 +8,10 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import Response
 
-from decider import shedding
 from decider.api.http import json_response
 from decider.facility import DomainRef
 from decider.service import Service
+from decider.shedding.failover import failover as failover_of
 
 
 def router(service: Service) -> APIRouter:
@@ -19,7 +19,7 @@ def router(service: Service) -> APIRouter:
 
     @routes.get("/v1/shedding", summary="The shedding plan: replicas to move off hot domains")
     def shedding_plan() -> Response:
-        # Not async: the plan records its pacing in SQLite (decider.shedding.Shedder).
+        # Not async: the plan records its pacing in SQLite (decider.shedding.shedder.Shedder).
         settings = service.state.facility.shedding
         result = service.shedder.plan()
         return json_response(result.as_json(settings.hot_for, settings.interval))
@@ -39,6 +39,6 @@ def router(service: Service) -> APIRouter:
             raise HTTPException(
                 404, f"no pdu {ref.name!r}: no domain's feeds name it (feeds: {known})"
             )
-        return json_response(shedding.failover(view, ref.name))
+        return json_response(failover_of(view, ref.name))
 
     return routes
