@@ -796,14 +796,15 @@ class Facility(_Model):
         return self.mode if isinstance(self.mode, str) else getattr(self.mode, concern)
 
     def enforced(self) -> frozenset[str]:
-        """The concerns enforced, and `always` (a hold)."""
-        return frozenset(
-            {"always", *(concern for concern in CONCERNS if self.mode_of(concern) == "enforce")}
-        )
+        """The concerns enforced, and `always` (a hold) with them. With every concern
+        observed nothing is refused, a hold neither (DESIGN.md §5: observe mode computes and
+        reports everything and refuses nothing); a hold is enforced as soon as one is."""
+        concerns = {concern for concern in CONCERNS if self.mode_of(concern) == "enforce"}
+        return frozenset({"always", *concerns} if concerns else ())
 
     def overall_mode(self) -> Mode:
         """`enforce` where any concern is enforced, else `observe` (the answers' `mode`)."""
-        return "enforce" if len(self.enforced()) > 1 else "observe"
+        return "enforce" if self.enforced() else "observe"
 
     def sheds(self, kind: str, name: str) -> bool:
         """Whether shedding plans moves off this domain: its own `shedding`, else the site's

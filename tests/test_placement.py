@@ -736,33 +736,34 @@ def observe_site(make_site: Any, mode: str) -> Site:
     )
 
 
-def test_observe_refuses_only_holds_and_keeps_the_scheduler_order(make_site: Any) -> None:
+def test_observe_refuses_nothing_and_keeps_the_scheduler_order(make_site: Any) -> None:
     site = observe_site(make_site, "observe")
     answer = site.answer(replica(1, 950), ["n3", "n1", "n4", "n2"])
     assert answer["mode"] == "observe"
-    # A hold is an order, enforced in every mode (issue 17); the rest would be refused.
-    assert answer["order"] == ["n3", "n1", "n4"]
-    assert [n["allowed"] for n in answer["nodes"]] == [True, True, True, False]
-    assert [n["reasons"] for n in answer["nodes"]] == [[], [], [], ["rack r2 held: maintenance"]]
+    # DESIGN.md §5: observe computes and reports everything, a hold too, and refuses nothing.
+    assert answer["order"] == ["n3", "n1", "n4", "n2"]
+    assert [n["allowed"] for n in answer["nodes"]] == [True] * 4
+    assert [n["reasons"] for n in answer["nodes"]] == [[]] * 4
     assert [n["would_refuse"] for n in answer["nodes"]] == [
         ["rack r3: 0.0 of 1.0 kW reserved, replica needs ~0.9, margin 10%"],
         ["rack r1 hot"],
         [],
-        [],
+        ["rack r2 held: maintenance"],
     ]
     assert answer["summary"] == (
-        "observe mode: 3/4 nodes allowed, 2 would be refused (1 power_cap, 1 hot, 1 held)"
+        "observe mode: 4/4 nodes allowed, 3 would be refused (1 power_cap, 1 hot, 1 held)"
     )
     assert answer["nodes"][2]["scores"]["condition"] == 1  # warm, scored as in enforce
-    assert answer["nodes"][0]["scores"]["rack_room"] == 0
-    assert "scores" not in answer["nodes"][3]
     # Reserving is not refused either: the reservation is made, the verdict kept.
     outcome = site.reserve("n1", replica(1, 950))
     assert outcome.created
     assert outcome.verdict is not None
     assert outcome.verdict.refusals == []
     assert outcome.verdict.would_refuse == [("hot", "rack r1 hot")]
-    assert not site.reserve("n2", replica(1, 950)).created  # held
+    held = site.reserve("n2", replica(1, 950))
+    assert held.created
+    assert held.verdict is not None
+    assert held.verdict.would_refuse == [("held", "rack r2 held: maintenance")]
 
 
 def test_observe_with_nothing_refused(make_site: Any) -> None:
@@ -1507,7 +1508,7 @@ def test_thermal_enforced_while_power_is_observed(make_site: Any) -> None:
 
 def test_one_mode_for_both_concerns_or_one_each(make_site: Any) -> None:
     assert make_facility(mode="enforce").enforced() == {"always", "power", "thermal"}
-    assert make_facility(mode="observe").enforced() == {"always"}
+    assert make_facility(mode="observe").enforced() == set()  # nothing refused, a hold neither
     assert make_facility(mode=STAGED).enforced() == {"always", "power"}  # type: ignore[arg-type]
     assert str(make_facility(mode=STAGED).mode) == "power enforce, thermal observe"  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="thermal"):

@@ -14,7 +14,8 @@ fields of the plain data it reads, decider.placement.states) and one line here:
   scheduler's own order breaks ties last.
 
 Concerns (docs/decider.md "Observe and enforce"): `power`, `thermal`, each observed or
-enforced as the facility file says; `always`: enforced in every mode (a hold).
+enforced as the facility file says; `always` (a hold): enforced whenever any concern is,
+and, as every rule, only reported when the whole file observes (DESIGN.md §5).
 """
 
 from __future__ import annotations
