@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 
 from exporter import config as agent_config
 from exporter.collector import ExporterCollector
+from exporter.nvml import Nvml
 from exporter.poller import SourceRunner
 from exporter.sources import SOURCES
 from exporter.web import make_app, serve, status_page
@@ -23,12 +24,39 @@ from llmgw_common.yamlfile import ConfigError
 log = logging.getLogger("llmgw-exporter")
 
 
-def build_runners(config: agent_config.AgentConfig, sysfs: Path) -> list[SourceRunner]:
-    return [
-        SourceRunner(cls(sysfs, config.source(name)), config.interval(name))
+def nvml_library(config: agent_config.AgentConfig) -> str | None:
+    """The NVML library to load: a process has one, the first `library` set among the
+    enabled sources that read NVML (gpu, then units); another one set apart is said, unused."""
+    libraries = [
+        library
         for name, cls in SOURCES.items()
-        if config.source(name).enabled
+        if cls.reads_nvml
+        and config.source(name).enabled
+        and (library := getattr(config.source(name), "library", None))
     ]
+    for other in libraries[1:]:
+        if other != libraries[0]:
+            log.warning(
+                "NVML library %s not loaded: the process has one NVML library, %s",
+                other,
+                libraries[0],
+            )
+    return libraries[0] if libraries else None
+
+
+def build_runners(config: agent_config.AgentConfig, sysfs: Path) -> list[SourceRunner]:
+    """A runner per enabled source; those that read NVML share one `Nvml`."""
+    nvml = Nvml(nvml_library(config))
+    runners = []
+    for name, cls in SOURCES.items():
+        source_config = config.source(name)
+        if not source_config.enabled:
+            continue
+        source = (
+            cls(sysfs, source_config, nvml=nvml) if cls.reads_nvml else cls(sysfs, source_config)
+        )
+        runners.append(SourceRunner(source, config.interval(name)))
+    return runners
 
 
 def build_registry(

@@ -20,6 +20,7 @@ import pytest
 from pydantic import ValidationError
 
 from exporter.config import AgentConfig
+from exporter.nvml import Nvml
 from exporter.samples import PartialReading, Sample
 from exporter.sources import SOURCES
 from exporter.sources.units import (
@@ -343,7 +344,7 @@ def test_no_nvidia_library_means_no_shares_and_no_failure(node: Path):
     def missing() -> None:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
 
-    nvml = SimpleNamespace(**{**vars(pynvml), "nvmlInit": missing})
+    nvml = Nvml(api=SimpleNamespace(**{**vars(pynvml), "nvmlInit": missing}))
     units = UnitsSource(node / "sys", UnitsConfig(glob=GLOB), procfs=node / "proc", nvml=nvml)
     got = series(units.poll())
     assert len(unit_names(got)) == 3

@@ -37,6 +37,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from exporter.nvml import Nvml
 from exporter.samples import PartialReading, Sample
 from exporter.sources.units import UnitsConfig, UnitsSource
 from tests.conftest import FakeNvml
@@ -219,11 +220,11 @@ def two_mi300x(sysfs: Path) -> tuple[int, int]:
     return 53895, 8218
 
 
-def no_nvml() -> Any:
+def no_nvml() -> Nvml:
     def missing() -> None:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
 
-    return SimpleNamespace(**{**vars(pynvml), "nvmlInit": missing})
+    return Nvml(api=SimpleNamespace(**{**vars(pynvml), "nvmlInit": missing}))
 
 
 def source(root: Path, nvml: Any = None, **config: Any) -> UnitsSource:
@@ -315,7 +316,7 @@ def test_a_unit_on_both_vendors_gets_a_share_of_each(node: Path, fake_nvml: Fake
     fake_nvml.configure(config)
     write_process(sysfs, TASK, {gpu0: 1 << 20}, {0: gpu0})
     try:
-        got = shares(poll(node, nvml=pynvml))
+        got = shares(poll(node, nvml=Nvml()))
     finally:
         fake_nvml.reset()
     assert got == {

@@ -81,6 +81,9 @@ class Source(ABC):
     #: metric → source name: this source's samples of that metric are served only
     #: while that other source serves none (a BMC's inlet sensor defers to hwmon's).
     defer: ClassVar[dict[str, str]] = {}
+    #: Whether the source reads NVML: its constructor then takes `nvml`, the
+    #: process's one `exporter.nvml.Nvml`, which main() shares among such sources.
+    reads_nvml: ClassVar[bool] = False
 
     def __init__(self, sysfs: Path, config: SourceConfig) -> None:
         self.sysfs = sysfs

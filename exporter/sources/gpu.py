@@ -32,7 +32,8 @@ Missing data:
   until every GPU answers again.
 - the driver gone or reloaded (uninitialised, driver not loaded, library/driver
   version mismatch) → the source is down and NVML is initialised afresh on the
-  next poll.
+  next poll (exporter/nvml.py, which owns NVML's lifecycle for this source and
+  the units source alike).
 - an NVML call that never returns → the poll passes its deadline and the
   whole source reads down (`hung`, exporter/poller.py): GPUs are read one
   after the other, and a driver stuck on one GPU usually stalls the others;
@@ -46,9 +47,6 @@ Missing data:
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -56,6 +54,7 @@ from typing import Any, ClassVar
 import pynvml
 
 from exporter.energy import EnergyCounter
+from exporter.nvml import Nvml, NvmlAbsent
 from exporter.samples import NoData, PartialReading, Sample
 from exporter.sources.base import Source, SourceConfig
 from llmgw_common.metrics import THERMAL_REASONS
@@ -83,15 +82,6 @@ _UNAVAILABLE = {
     pynvml.NVML_ERROR_NO_DATA,
     pynvml.NVML_ERROR_NOT_READY,
 }
-#: Answers meaning the driver itself went away: initialise NVML again.
-_DRIVER_GONE = {
-    pynvml.NVML_ERROR_UNINITIALIZED,
-    pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
-    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
-}
-
-# pynvml keeps the loaded library in module globals: one NVML per process.
-_library_lock = threading.Lock()
 
 
 class GpuConfig(SourceConfig):
@@ -116,51 +106,40 @@ class GpuSource(Source):
     # NVML answers in milliseconds a call: 8 GPUs × ~20 calls stay well under 1 s.
     default_deadline: ClassVar[float] = 5.0
     Config: ClassVar[type[SourceConfig]] = GpuConfig
+    reads_nvml: ClassVar[bool] = True
     config: GpuConfig
 
     def __init__(
         self,
         sysfs: Any,
         config: SourceConfig,
-        nvml: Any = pynvml,
+        nvml: Nvml | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(sysfs, config)
-        self.nvml = nvml
-        self.initialized = False
+        #: The process's NVML (main() hands the one it shares with the units source);
+        #: a source built alone gets its own, from its `library`.
+        self.nvml_handle = nvml if nvml is not None else Nvml(self.config.library)
+        self.nvml = self.nvml_handle.api
         self._clock = clock
         self._energy: dict[str, EnergyCounter] = {}  # by GPU uuid
 
-    def _init(self) -> None:
-        with _library_lock:
-            if self.config.library and self.nvml.nvmlLib is None:
-                try:
-                    self.nvml.nvmlLib = ctypes.CDLL(self.config.library)
-                except OSError as exc:
-                    raise RuntimeError(
-                        f"cannot load the NVML library {self.config.library}: {exc}"
-                    ) from exc
-        try:
-            self.nvml.nvmlInit()
-        except self.nvml.NVMLError_LibraryNotFound as exc:
-            raise NoData("no NVIDIA driver library (libnvidia-ml.so.1) on this node") from exc
-        self.initialized = True
+    @property
+    def initialized(self) -> bool:
+        return self.nvml_handle.initialized
 
     def close(self) -> None:
-        if self.initialized:
-            self.initialized = False
-            # A failing shutdown means the driver is already gone: nothing to release.
-            with contextlib.suppress(self.nvml.NVMLError):
-                self.nvml.nvmlShutdown()
+        self.nvml_handle.release(self.name)
 
     def poll(self) -> list[Sample]:
-        if not self.initialized:
-            self._init()
         try:
-            count = self.nvml.nvmlDeviceGetCount()
-        except self.nvml.NVMLError as exc:
-            self._forget_driver_if_gone(exc)
-            raise
+            with self.nvml_handle.session(self.name):
+                return self._read_gpus()
+        except NvmlAbsent as exc:
+            raise NoData(str(exc)) from exc
+
+    def _read_gpus(self) -> list[Sample]:
+        count = self.nvml.nvmlDeviceGetCount()
         if count == 0:
             raise NoData("NVML sees no GPU on this node")
         samples: list[Sample] = []
@@ -169,16 +148,12 @@ class GpuSource(Source):
             try:
                 samples += self._read_gpu(index)
             except self.nvml.NVMLError as exc:
-                self._forget_driver_if_gone(exc)
+                self.nvml_handle.forget_if_driver_gone(exc)
                 failures.append(f"GPU {index}: {exc}")
         samples += node_totals(samples)
         if failures:
             raise PartialReading(samples, "; ".join(failures))
         return samples
-
-    def _forget_driver_if_gone(self, exc: Exception) -> None:
-        if getattr(exc, "value", None) in _DRIVER_GONE:
-            self.close()
 
     def _optional(self, call: Any, *args: Any) -> Any:
         """The call's answer, or None when the card cannot tell; other errors propagate."""

@@ -63,8 +63,6 @@ Missing-data policy (STYLE.md §3):
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import re
 from dataclasses import dataclass
@@ -74,10 +72,10 @@ from typing import Any, ClassVar
 import pynvml
 from pydantic import ValidationInfo, field_validator, model_validator
 
+from exporter.nvml import Nvml, NvmlAbsent, NvmlUnloadable
 from exporter.samples import PartialReading, Sample
 from exporter.sources.amd_kfd import KfdReader
 from exporter.sources.base import Source, SourceConfig
-from exporter.sources.gpu import _library_lock
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +88,6 @@ _KIB = 1024
 _NVML_QUIET = {
     pynvml.NVML_ERROR_NOT_SUPPORTED,
     pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
-}
-_DRIVER_GONE = {
-    pynvml.NVML_ERROR_UNINITIALIZED,
-    pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
-    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
 }
 
 
@@ -177,6 +170,7 @@ class UnitsSource(Source):
     default_interval: ClassVar[float] = 5.0
     default_deadline: ClassVar[float] = 5.0  # a cgroup glob and NVML process lists
     Config: ClassVar[type[SourceConfig]] = UnitsConfig
+    reads_nvml: ClassVar[bool] = True
     config: UnitsConfig
 
     def __init__(
@@ -184,15 +178,17 @@ class UnitsSource(Source):
         sysfs: Path,
         config: SourceConfig,
         procfs: Path | None = None,
-        nvml: Any = pynvml,
+        nvml: Nvml | None = None,
     ) -> None:
         super().__init__(sysfs, config)
         root = self.config.cgroup_root
         self.cgroup_root = Path(root) if root else sysfs / "fs" / "cgroup"
         self.procfs = procfs if procfs is not None else Path(self.config.procfs)
         self.pattern = re.compile(self.config.pattern)
-        self.nvml = nvml
-        self.initialized = False
+        #: The process's NVML (main() hands the one it shares with the gpu source);
+        #: a source built alone gets its own, from its `library`.
+        self.nvml_handle = nvml if nvml is not None else Nvml(self.config.library)
+        self.nvml = self.nvml_handle.api
         self._nvml_absent = False
         self.amd = KfdReader(sysfs) if self.config.amd_kfd else None
 
@@ -268,10 +264,13 @@ class UnitsSource(Source):
             return []
         slots: list[_Slot] = []
         try:
-            slots = self._slots(problems)
-        except self.nvml.NVMLError as exc:
-            if getattr(exc, "value", None) in _DRIVER_GONE:
-                self.close()
+            with self.nvml_handle.session(self.name):
+                slots = self._slots(problems)
+        except NvmlAbsent:
+            if not self._nvml_absent:
+                log.info("units: no NVIDIA driver library on this node: no GPU shares")
+            self._nvml_absent = True
+        except (self.nvml.NVMLError, NvmlUnloadable) as exc:
             problems.append(f"NVML: {exc}")
         slots += self._amd_slots(problems)
         by_cgroup = {unit.cgroup: unit.name for unit in units.values()}
@@ -287,8 +286,6 @@ class UnitsSource(Source):
 
     def _slots(self, problems: list[str]) -> list[_Slot]:
         """Every whole GPU and MIG GPU instance with the pids computing on it."""
-        if not self.initialized and not self._init():
-            return []
         nvml = self.nvml
         slots: list[_Slot] = []
         for index in range(nvml.nvmlDeviceGetCount()):
@@ -302,7 +299,7 @@ class UnitsSource(Source):
                     if pids is not None:
                         slots.append(_Slot(uuid, "", 1.0, pids))
             except nvml.NVMLError as exc:
-                if getattr(exc, "value", None) in _DRIVER_GONE:
+                if self.nvml_handle.forget_if_driver_gone(exc):
                     raise
                 problems.append(f"GPU {index}: {exc}")
         return slots
@@ -313,28 +310,12 @@ class UnitsSource(Source):
             return []
         return [_Slot(s.uuid, s.gpu_instance, s.fraction, s.pids) for s in self.amd.slots(problems)]
 
-    def _init(self) -> bool:
-        with _library_lock:
-            if self.config.library and self.nvml.nvmlLib is None:
-                try:
-                    self.nvml.nvmlLib = ctypes.CDLL(self.config.library)
-                except OSError as exc:
-                    raise self.nvml.NVMLError(self.nvml.NVML_ERROR_LIBRARY_NOT_FOUND) from exc
-        try:
-            self.nvml.nvmlInit()
-        except self.nvml.NVMLError_LibraryNotFound:
-            if not self._nvml_absent:
-                log.info("units: no NVIDIA driver library on this node: no GPU shares")
-            self._nvml_absent = True
-            return False
-        self.initialized = True
-        return True
+    @property
+    def initialized(self) -> bool:
+        return self.nvml_handle.initialized
 
     def close(self) -> None:
-        if self.initialized:
-            self.initialized = False
-            with contextlib.suppress(self.nvml.NVMLError):
-                self.nvml.nvmlShutdown()
+        self.nvml_handle.release(self.name)
 
     def _mig_enabled(self, handle: Any) -> bool:
         try:
