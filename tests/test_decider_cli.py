@@ -1,4 +1,4 @@
-"""`llmgw-facility` over a running decider (llmgw_facility/cli.py, docs/decider.md), real HTTP.
+"""`llmgw-facility` over a running decider (llmgw_facility/, docs/decider.md), real HTTP.
 
 One real `llmgw-decider` subprocess for the module, on a free loopback port, in enforce
 mode, reading a fake Prometheus served here that knows the nodes' membership, GPU counts
@@ -27,7 +27,8 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import requests
 
-from llmgw_facility.cli import TOKEN_ENV, URL_ENV, main
+from llmgw_facility.cli import main
+from llmgw_facility.client import TOKEN_ENV, URL_ENV
 from tests.promstack import free_port
 
 TOKEN = "cli-test-token-0123456789"
