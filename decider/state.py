@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from decider.config import Staleness
 from decider.facility import DomainRef, Facility
 from decider.giving_way import Collector, Pause, giving_way, no_pause, paced
-from decider.models import Replica, ReservationRequest
+from decider.models import ReservationRequest
 from decider.placement import Verdict, answers, judge, missing, observed
 from decider.placement.view import View
 from decider.snapshot import INVENTORY_PARTS, Snapshot
@@ -372,7 +372,3 @@ class State:
             self._overrides = {k: v for k, v in self._overrides.items() if k not in expired}
         for ref in expired:
             log.info("the override of %s expired", ref)
-
-
-def replica_from(reservation: Reservation) -> Replica:
-    return Replica.model_validate(reservation.replica)

@@ -329,10 +329,6 @@ class Simulator:
                 loads[i] = value
         return loads
 
-    def trace_target_watts(self, trace_index: int, now: float) -> float:
-        trace = self.scenario.pdu_traces[trace_index]
-        return trace.utilisation(self.sim_time(now)) * trace.rating_watts
-
     # --- readings --------------------------------------------------------------------------
 
     def pdu_watts(self) -> dict[str, float]:
