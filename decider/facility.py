@@ -201,10 +201,6 @@ class ResolvedThresholds(_Model):
     throttled_hot_ratio: float
     gpu_slowdown_margin_c: float
 
-    def by_label(self) -> dict[str, float]:
-        """By the rules' `threshold` label value (`inlet_warm_celsius`, …)."""
-        return {THRESHOLD_LABELS[key]: value for key, value in self.model_dump().items()}
-
 
 def _error(loc: tuple[str, ...], message: str, value: Any) -> InitErrorDetails:
     return InitErrorDetails(
@@ -368,11 +364,6 @@ class Domain(_Model):
         """
         caps = [cap for cap in (self.cap_watts, self.feed_cap_watts(derating)) if cap is not None]
         return min(caps) if caps else None
-
-    def phase_cap_watts(self, phase: str, derating: float) -> float | None:
-        """The phase's cap: its rating * derating, as for a feed; None: no such phase."""
-        declared = self.phases.get(phase)
-        return None if declared is None else declared.rating_watts * derating
 
     def phase_other_watts(self, phase: str) -> float:
         """What no node reports on the phase. Where any phase sets `other_watts`, each phase
@@ -774,10 +765,6 @@ class Facility(_Model):
         """The domain's cap (`Domain.cap` with its derating); None: no budget."""
         domain = self.domain(kind, name)
         return None if domain is None else domain.cap(self.derating(kind, name))
-
-    def placement_limit_watts(self, kind: str, name: str) -> float | None:
-        """Past this load a placement is refused (`limit_watts`); None: no budget."""
-        return limit_watts(self.cap_watts(kind, name), self.margin(kind, name))
 
     def margin(self, kind: str, name: str) -> float:
         """The domain's margin: its own, else `defaults.margin`."""

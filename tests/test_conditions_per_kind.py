@@ -20,7 +20,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn, composite
 
-from decider.facility import DomainRef, Facility
+from decider.facility import DomainRef, Facility, limit_watts
 from decider.models import Replica
 from decider.placement import decide
 from decider.shedding.failover import failover
@@ -103,7 +103,9 @@ def kind_sites(draw: DrawFn) -> KindSite:
 
 def has_room(facility: Facility, spec: SiteSpec, rack: DomainRef) -> bool:
     """From the raw figures: the rack's load plus the replica under its limit (no budget: yes)."""
-    limit = facility.placement_limit_watts(rack.kind, rack.name)
+    limit = limit_watts(
+        facility.cap_watts(rack.kind, rack.name), facility.margin(rack.kind, rack.name)
+    )
     if limit is None:
         return True
     declared = facility.domain(rack.kind, rack.name)

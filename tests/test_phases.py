@@ -37,6 +37,7 @@ from decider.facility import PHASES, Domain, DomainRef, Facility
 from decider.models import Replica, ReservationRequest
 from decider.placement import decide, over_cap, power_cap
 from decider.placement.capacity import fits, phase_fits
+from decider.placement.states import PhaseState
 from decider.placement.view import View
 from decider.snapshot import PARTS, Part, Snapshot
 from decider.state import State
@@ -264,6 +265,22 @@ THREE = "{L1: {rating_watts: 5000}, L2: {rating_watts: 5000}, L3: {rating_watts:
 GOOD_PDU = f"  pdu/p1:\n    phases: {THREE}\n"
 
 
+def phase_cap(facility: Facility, pdu: str, phase: str) -> float:
+    """The phase's cap as placement works it out (decider.placement.phases.phase_state): its
+    rating × the pdu's derating."""
+    declared = facility.domain("pdu", pdu)
+    assert declared is not None
+    return PhaseState.build(
+        pdu=DomainRef("pdu", pdu),
+        phase=phase,
+        rating=declared.phases[phase].rating_watts,
+        derating=facility.derating("pdu", pdu),
+        margin=facility.margin("pdu", pdu),
+        other_watts=declared.phase_other_watts(phase),
+        reserved=0.0,
+    ).cap
+
+
 def test_phases_as_the_facility_team_writes_them(tmp_path: Path) -> None:
     text = (
         "defaults: {derating: 0.8}\ndomains:\n"
@@ -279,7 +296,7 @@ def test_phases_as_the_facility_team_writes_them(tmp_path: Path) -> None:
     assert facility.node_phase("gpu-01", "p9") is None
     assert facility.node_phase("gpu-02", "p1") is None
     p2 = facility.domain("pdu", "p2")
-    assert p2 is not None and p2.phase_cap_watts("L2", 0.8) == 3_200
+    assert p2 is not None and phase_cap(facility, "p2", "L2") == 3_200
     # No phase sets other_watts: the pdu's 600 counts on each phase, the safe side.
     assert [p2.phase_other_watts(phase) for phase in PHASES] == [600, 600, 600]
 
@@ -379,7 +396,7 @@ def test_the_example_file_has_phases() -> None:
         "L2": 8_500,
         "L3": 8_500,
     }
-    assert pdu.phase_cap_watts("L1", facility.defaults.derating) == 6_800
+    assert phase_cap(facility, "r12-07-a", "L1") == 6_800
     assert [pdu.phase_other_watts(phase) for phase in PHASES] == [0, 0, 300]
     assert facility.node_phase("gpu-r12-07-04", "r12-07-a") == "L1"
     assert facility.node_phase("gpu-r12-07-04", "r12-07-b") == "L2"

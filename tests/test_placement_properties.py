@@ -51,7 +51,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn, composite
 
-from decider.facility import DomainRef, Facility, Modes
+from decider.facility import DomainRef, Facility, Modes, limit_watts
 from decider.models import Replica, ReservationRequest
 from decider.placement import Decision, answers, decide
 from decider.placement.rules import concern_of
@@ -227,7 +227,9 @@ def oracle(
     slack = []
     for ref in spec.membership.get(node, ()):
         blocked |= ref in spec.holds or spec.conditions.get(ref) == "hot"
-        limit = facility.placement_limit_watts(ref.kind, ref.name)
+        limit = limit_watts(
+            facility.cap_watts(ref.kind, ref.name), facility.margin(ref.kind, ref.name)
+        )
         if limit is None:
             continue
         declared = facility.domain(ref.kind, ref.name)
