@@ -55,6 +55,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from exporter.sysfs import read_int, read_text
+
 log = logging.getLogger(__name__)
 
 AMD_VENDOR = 0x1002
@@ -164,14 +166,14 @@ class KfdReader:
     def _gpus_in_use(self, directory: Path, problems: list[str]) -> set[int]:
         gpus: set[int] = set()
         for gpuid in sorted(directory.glob("queues/*/gpuid")):
-            value = _read_int(gpuid, problems)
+            value = read_int(gpuid, problems)
             if value is not None:
                 gpus.add(value)
         for vram in sorted(directory.glob("vram_*")):
             suffix = vram.name.removeprefix("vram_")
             if not suffix.isdigit():
                 continue
-            held = _read_int(vram, problems)
+            held = read_int(vram, problems)
             if held:
                 gpus.add(int(suffix))
         return gpus
@@ -189,10 +191,10 @@ class KfdReader:
         complete = True
         for index in sorted(int(name) for name in names):
             directory = root / str(index)
-            gpu_id = _read_int(directory / "gpu_id", problems)
+            gpu_id = read_int(directory / "gpu_id", problems)
             if gpu_id == 0:  # a CPU node
                 continue
-            text = _read_text(directory / "properties", problems) if gpu_id else None
+            text = read_text(directory / "properties", problems) if gpu_id else None
             props = _properties(text or "")
             missing = [key for key in ("domain", "location_id", "simd_count") if key not in props]
             if text is not None and missing:
@@ -221,16 +223,16 @@ class KfdReader:
             return cards
         for name in names:
             device = self.drm / name / "device"
-            uevent = _read_text(device / "uevent", problems)
-            vendor = _read_text(device / "vendor", problems)
+            uevent = read_text(device / "uevent", problems)
+            vendor = read_text(device / "vendor", problems)
             if uevent is None or vendor is None or _hex(vendor) != AMD_VENDOR:
                 continue
             address = _uevent(uevent).get("PCI_SLOT_NAME", "")
             match = _PCI_ADDRESS.fullmatch(address)
             if match is None:
                 continue
-            serial = _read_text(device / "serial_number", problems)
-            unique = _read_text(device / "unique_id", problems)
+            serial = read_text(device / "serial_number", problems)
+            unique = read_text(device / "unique_id", problems)
             slot = (int(match[1], 16), int(match[2], 16), int(match[3], 16))
             cards.setdefault(slot, []).append(
                 AmdCard(address.lower(), (serial or "").strip(), _hex(unique or ""))
@@ -287,29 +289,7 @@ class KfdReader:
         ]
 
 
-# ---------------------------------------------------------------- file readers
-def _read_text(path: Path, problems: list[str]) -> str | None:
-    """The file's text; None when it is gone (quietly) or unreadable (reported)."""
-    try:
-        return path.read_text(encoding="ascii", errors="replace")
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as exc:
-        problems.append(f"{path}: {exc.strerror or exc}")
-        return None
-
-
-def _read_int(path: Path, problems: list[str]) -> int | None:
-    text = _read_text(path, problems)
-    if text is None:
-        return None
-    try:
-        return int(text.strip())
-    except ValueError:
-        problems.append(f"{path}: not a number")
-        return None
-
-
+# ---------------------------------------------------------------- file parsers
 def _properties(text: str) -> dict[str, int]:
     """KFD's `name value` lines (values are decimal)."""
     props = {}

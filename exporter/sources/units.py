@@ -76,6 +76,7 @@ from exporter.nvml import Nvml, NvmlAbsent, NvmlUnloadable
 from exporter.samples import PartialReading, Sample
 from exporter.sources.amd_kfd import KfdReader
 from exporter.sources.base import Source, SourceConfig
+from exporter.sysfs import read_int, read_text
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +237,7 @@ class UnitsSource(Source):
         usage = _read_keyed(unit.path / "cpu.stat", "usage_usec", problems)
         if usage is not None:
             samples.append(Sample("llmgw_unit_cpu_seconds_total", usage / 1e6, labels))
-        memory = _read_number(unit.path / "memory.current", problems)
+        memory = read_int(unit.path / "memory.current", problems)
         if memory is not None:
             samples.append(Sample("llmgw_unit_memory_bytes", float(memory), labels))
         if not unit.path.is_dir():  # gone while we read it: the replica stopped
@@ -382,28 +383,10 @@ class UnitsSource(Source):
         return None
 
 
-# ---------------------------------------------------------------- file readers
-def _read_text(path: Path) -> str | None:
-    """The file's text, or None when it is missing (or its directory vanished)."""
-    try:
-        return path.read_text(encoding="ascii", errors="replace")
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-
-
-def _read_number(path: Path, problems: list[str]) -> int | None:
-    text = _read_text(path)
-    if text is None:
-        return None
-    try:
-        return int(text.strip())
-    except ValueError:
-        problems.append(f"{path}: not a number")
-        return None
-
-
+# ---------------------------------------------------------------- file parsers
 def _read_keyed(path: Path, key: str, problems: list[str]) -> int | None:
-    text = _read_text(path)
+    """`key`'s value in a `key value` file (cgroup's `cpu.stat`); None when absent."""
+    text = read_text(path, problems)
     if text is None:
         return None
     for line in text.splitlines():
@@ -419,7 +402,7 @@ def _read_keyed(path: Path, key: str, problems: list[str]) -> int | None:
 
 def read_busy_cpu_seconds(path: Path) -> float | None:
     """Non-idle CPU seconds of all CPUs from `/proc/stat`'s `cpu` line."""
-    text = _read_text(path)
+    text = read_text(path)
     for line in (text or "").splitlines():
         fields = line.split()
         if fields and fields[0] == "cpu":
@@ -433,7 +416,7 @@ def read_busy_cpu_seconds(path: Path) -> float | None:
 
 def read_used_memory_bytes(path: Path) -> int | None:
     """MemTotal − MemAvailable from `/proc/meminfo`, in bytes (fallback: module docstring)."""
-    text = _read_text(path)
+    text = read_text(path)
     kib: dict[str, int] = {}
     for line in (text or "").splitlines():
         name, _, rest = line.partition(":")
