@@ -16,9 +16,8 @@ series (docs/rules.md) every `refresh_interval` and replaces the shared `Snapsho
   hardware, which change rarely; membership alone is 60,000 series at 10,000 nodes) are
   read again once their last read is `staleness.readings / 2` old (a minute with the
   defaults), at every refresh after a failed attempt or an empty answer, and at the next
-  refresh after a reload;
-  `refresh_now` reads every part. The snapshot's age, the oldest part's, so stays below
-  the readings' own limit, and a node added is seen within about a minute.
+  refresh after a reload. The snapshot's age, the oldest part's, so stays below the
+  readings' own limit, and a node added is seen within about a minute.
 - **Never raises.** Whatever the server answers, `refresh` returns a Snapshot.
 """
 
@@ -349,7 +348,8 @@ class Refresher:
     """Owns the current Snapshot and keeps it fresh from a daemon thread.
 
     `snapshot` is replaced whole (one attribute assignment), so readers on other threads
-    need no lock. Refreshes never overlap: the background loop and `refresh_now` take turns.
+    need no lock. Refreshes never overlap (one lock): the background loop's, and those a
+    test runs itself with `_refresh(cancel=None)` on a clock it steps.
     """
 
     def __init__(
@@ -416,11 +416,6 @@ class Refresher:
         with self._configuring:
             self._reader.close()  # its idle connections; a later query still works
 
-    def refresh_now(self) -> Snapshot:
-        """Refresh synchronously (at reload, in tests), every part, and return the new
-        snapshot."""
-        return self._refresh(cancel=None, every_part=True)
-
     @property
     def inventory_every_seconds(self) -> float:
         """How old an inventory part's last read may be before a background refresh reads
@@ -470,14 +465,14 @@ class Refresher:
                 continue
             self._refresh(cancel=self._stopping)
 
-    def _refresh(self, cancel: threading.Event | None, every_part: bool = False) -> Snapshot:
+    def _refresh(self, cancel: threading.Event | None) -> Snapshot:
         with self._refreshing:
             with self._configuring:
                 self._next_due = time.monotonic() + self._settings.refresh_interval
                 reader = self._reader
                 read_all, self._read_all = self._read_all, False
             now = self._clock()
-            keep = frozenset() if every_part or read_all else self._kept(now)
+            keep = frozenset() if read_all else self._kept(now)
             pause = no_pause
             if self._give_way is not None:  # well within the queries' own budget, too
                 limit = min(self._settings.refresh_interval, reader.budget_s) * GIVE_WAY_SHARE

@@ -779,13 +779,16 @@ def test_a_down_prometheus_leaves_the_last_snapshot_serving_and_ageing(fake, cap
     refresher = Refresher(settings(fake.url), clock=lambda: now[0])
     caplog.set_level(logging.INFO, logger="decider.refresher")
 
-    good = refresher.refresh_now()
+    def refresh() -> Snapshot:  # the background loop's own step, on the clock stepped here
+        return refresher._refresh(cancel=None)
+
+    good = refresh()
     assert good.prometheus_up and refresher.snapshot is good
 
     fake.answer({}, default=Reply(status=503))
     for step in (1, 2, 3):
         now[0] = T0 + 100 * step
-        down = refresher.refresh_now()
+        down = refresh()
         assert refresher.snapshot is down
         assert not down.prometheus_up
         assert same_data(down, good)
@@ -799,7 +802,7 @@ def test_a_down_prometheus_leaves_the_last_snapshot_serving_and_ageing(fake, cap
 
     fake.answer(good_answers(watts=7000.0))
     now[0] = T0 + 400
-    back = refresher.refresh_now()
+    back = refresh()
     assert back.prometheus_up and back.measured_watts[rack("r1")] == 7000.0
 
     messages = [
@@ -818,7 +821,7 @@ def test_a_failing_callback_does_not_stop_the_refresher(fake, caplog):
 
     fake.answer(good_answers())
     refresher = Refresher(settings(fake.url), on_refresh=broken)
-    assert refresher.refresh_now().prometheus_up
+    assert refresher._refresh(cancel=None).prometheus_up
     assert refresher.snapshot.prometheus_up
     assert any("on_refresh" in record.getMessage() for record in caplog.records)
 
@@ -961,8 +964,8 @@ def test_an_instant_query_would_have_served_the_stale_sample(engine: Server):
 def test_background_refreshes_read_the_inventory_parts_every_half_readings_limit(fake):
     """Membership, inventory, GPU counts and limits change rarely (and membership is the
     largest answer by far): a background refresh reads them again once their last read is
-    staleness.readings / 2 old, at once after a failed attempt, and after a reconfigure;
-    refresh_now reads every part. Read times stay each part's own."""
+    staleness.readings / 2 old, at once after a failed attempt, and after a reconfigure.
+    Read times stay each part's own."""
     clock = [T0]
     fake.answer(good_answers())
     refresher = Refresher(
@@ -1010,11 +1013,9 @@ def test_background_refreshes_read_the_inventory_parts_every_half_readings_limit
     assert background(T0 + 196).parts["gpus"].read_at == T0 + 196
     assert background(T0 + 211).parts["gpus"].read_at == T0 + 196  # not empty: kept
 
-    # A reconfigure (a reload) reads every part at the next refresh; so does refresh_now.
+    # A reconfigure (a reload) reads every part at the next refresh.
     refresher.reconfigure(settings(fake.url, interval=15))
     assert set(read_at(background(T0 + 226)).values()) == {T0 + 226}
-    clock[0] = T0 + 241
-    assert set(read_at(refresher.refresh_now()).values()) == {T0 + 241}
 
 
 # --- decider.yaml's prometheus section -----------------------------------------------------
