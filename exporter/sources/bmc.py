@@ -1,22 +1,26 @@
-"""What the whole-node power sources share: their metric names, bounds and BMC pacing.
+"""What the whole-node power sources share: their metric names, bounds, and the BMC source base.
 
 A BMC (the `ipmi` and `redfish` sources) is a small, slow computer of its own:
 it is polled no faster than every 30 s, each request has a timeout, and a BMC
 that stops answering keeps its last reading only until `stale_after`, after
-which its series are absent (never a frozen last value).
+which its series are absent (never a frozen last value). `BmcSource` is that
+behaviour, written once: the BMC sources derive from it and write only how
+one reading is taken.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from abc import abstractmethod
 from collections.abc import Callable
+from pathlib import Path
 from typing import ClassVar, NoReturn
 
 from pydantic import field_validator, model_validator
 
-from exporter.samples import PartialReading, Sample
-from exporter.sources.base import SourceConfig
+from exporter.samples import NoData, PartialReading, Sample
+from exporter.sources.base import Source, SourceConfig
 from llmgw_common.yamlfile import Duration
 
 NODE_POWER_METRIC = "llmgw_node_power_watts"
@@ -145,3 +149,56 @@ class LastReading:
             ) from error
         self.clear()
         raise error
+
+
+class BmcSource(Source):
+    """A source that reads a BMC: paced, its last reading kept, its failures reported.
+
+    - pace: its `Config` is a `BmcConfig`, which refuses an interval under 30 s
+      and a timeout, deadline or `stale_after` that does not fit the interval;
+    - a reading (`_read()` returning, or raising `PartialReading` with what it
+      did read) is kept as the last reading and served;
+    - `NoData` (no BMC, nothing it measures) forgets the last reading: absent,
+      quietly;
+    - any other failure reads the source down and serves the last reading
+      until it is `stale_after` old, then nothing (`LastReading.failed`);
+      `_forget()` is called first, for a subclass to drop what it found out
+      about the BMC (it may have been reconfigured).
+
+    The inlet temperature a BMC reports defers to hwmon's (`defer`).
+    """
+
+    default_interval: ClassVar[float] = BmcConfig.default_interval
+    Config: ClassVar[type[SourceConfig]] = BmcConfig
+    defer: ClassVar[dict[str, str]] = {INLET_METRIC: "hwmon"}
+    config: BmcConfig
+
+    def __init__(
+        self,
+        sysfs: Path,
+        config: SourceConfig,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(sysfs, config)
+        self._last = LastReading(self.config.staleness_limit, clock)
+
+    def poll(self) -> list[Sample]:
+        try:
+            samples = self._read()
+        except NoData:
+            self._last.clear()
+            raise
+        except PartialReading as exc:
+            self._last.fresh(exc.samples)
+            raise
+        except Exception as exc:
+            self._forget()
+            self._last.failed(exc)
+        return self._last.fresh(samples)
+
+    @abstractmethod
+    def _read(self) -> list[Sample]:
+        """One reading from the BMC; raises `NoData`, `PartialReading` or the failure."""
+
+    def _forget(self) -> None:
+        """Drop what the source cached about the BMC, after a failed read."""

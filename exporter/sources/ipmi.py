@@ -38,20 +38,17 @@ import re
 import shutil
 import signal
 import subprocess
-import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import model_validator
 
 from exporter.samples import NoData, PartialReading, Sample
-from exporter.sources.base import Source, SourceConfig
+from exporter.sources.base import SourceConfig
 from exporter.sources.bmc import (
     INLET_METRIC,
     NODE_POWER_METRIC,
     BmcConfig,
-    LastReading,
+    BmcSource,
     inlet,
     is_inlet_name,
     node_power,
@@ -205,34 +202,10 @@ def run_tool(argv: list[str], timeout: float) -> str:
     return stdout
 
 
-class IpmiSource(Source):
+class IpmiSource(BmcSource):
     name: ClassVar[str] = "ipmi"
-    default_interval: ClassVar[float] = IpmiConfig.default_interval
     Config: ClassVar[type[SourceConfig]] = IpmiConfig
-    defer: ClassVar[dict[str, str]] = {INLET_METRIC: "hwmon"}
     config: IpmiConfig
-
-    def __init__(
-        self,
-        sysfs: Path,
-        config: SourceConfig,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        super().__init__(sysfs, config)
-        self._last = LastReading(self.config.staleness_limit, clock)
-
-    def poll(self) -> list[Sample]:
-        try:
-            samples = self._read()
-        except NoData:
-            self._last.clear()
-            raise
-        except PartialReading as exc:
-            self._last.fresh(exc.samples)
-            raise
-        except Exception as exc:
-            self._last.failed(exc)
-        return self._last.fresh(samples)
 
     def _tool(self) -> tuple[str, Format]:
         configured = self.config.tool

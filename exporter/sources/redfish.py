@@ -60,12 +60,12 @@ import urllib3
 from pydantic import field_validator, model_validator
 
 from exporter.samples import NoData, PartialReading, Sample
-from exporter.sources.base import Source, SourceConfig
+from exporter.sources.base import SourceConfig
 from exporter.sources.bmc import (
     INLET_METRIC,
     NODE_POWER_METRIC,
     BmcConfig,
-    LastReading,
+    BmcSource,
     inlet,
     is_inlet_name,
     node_power,
@@ -257,11 +257,9 @@ class RedfishClient:
         self._session_uri = response.headers.get("Location")
 
 
-class RedfishSource(Source):
+class RedfishSource(BmcSource):
     name: ClassVar[str] = "redfish"
-    default_interval: ClassVar[float] = RedfishConfig.default_interval
     Config: ClassVar[type[SourceConfig]] = RedfishConfig
-    defer: ClassVar[dict[str, str]] = {INLET_METRIC: "hwmon"}
     config: RedfishConfig
 
     def __init__(
@@ -270,8 +268,7 @@ class RedfishSource(Source):
         config: SourceConfig,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(sysfs, config)
-        self._last = LastReading(self.config.staleness_limit, clock)
+        super().__init__(sysfs, config, clock)
         self._client: RedfishClient | None = None
         self._chassis: dict[str, Any] | None = None  # the chassis document, found once
 
@@ -279,19 +276,8 @@ class RedfishSource(Source):
         if self._client is not None:
             self._client.close()
 
-    def poll(self) -> list[Sample]:
-        try:
-            samples = self._read()
-        except NoData:
-            self._last.clear()
-            raise
-        except PartialReading as exc:
-            self._last.fresh(exc.samples)
-            raise
-        except Exception as exc:
-            self._chassis = None  # find it afresh: the BMC may have been reconfigured
-            self._last.failed(exc)
-        return self._last.fresh(samples)
+    def _forget(self) -> None:
+        self._chassis = None  # find it afresh: the BMC may have been reconfigured
 
     def _read(self) -> list[Sample]:
         if self.config.url is None:
