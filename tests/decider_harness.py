@@ -33,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -600,6 +600,30 @@ class Decider:
         response = self.get("/metrics")
         assert response.status_code == 200, response.text
         return response.text
+
+
+@contextlib.contextmanager
+def serving(readings: Readings) -> Iterator[FakePrometheus]:
+    """A fake Prometheus answering `readings`, closed at the end."""
+    server = FakePrometheus(readings)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@contextlib.contextmanager
+def running(
+    directory: Path, prometheus_url: str, facility: Mapping[str, Any], **config: Any
+) -> Iterator[Decider]:
+    """A decider started, ready and holding a fresh snapshot; closed at the end."""
+    decider = Decider(directory, prometheus_url, facility, **config)
+    try:
+        decider.start(wait_ready=True)
+        decider.wait_fresh()
+        yield decider
+    finally:
+        decider.close()
 
 
 def metric_value(text: str, name: str, **labels: str) -> float | None:

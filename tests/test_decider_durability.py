@@ -31,6 +31,7 @@ from tests.decider_harness import (
     Readings,
     metric_value,
     poll,
+    running,
 )
 
 #: Racks r1…r5 of 8 nodes each; node n00…n39.
@@ -83,13 +84,8 @@ def fake() -> Iterator[FakePrometheus]:
 
 @pytest.fixture
 def decider(tmp_path: Path, fake: FakePrometheus) -> Iterator[Decider]:
-    running = Decider(tmp_path / "decider", fake.url, FACILITY)
-    try:
-        running.start(wait_ready=True)
-        running.wait_fresh()
-        yield running
-    finally:
-        running.close()
+    with running(tmp_path / "decider", fake.url, FACILITY) as started:
+        yield started
 
 
 def post_all(decider: Decider, bodies: list[dict[str, Any]]) -> list[requests.Response]:

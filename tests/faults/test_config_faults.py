@@ -26,7 +26,16 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.decider_harness import REPO, TOKEN, Decider, FakePrometheus, Readings, decider_yaml, poll
+from tests.decider_harness import (
+    REPO,
+    TOKEN,
+    Decider,
+    FakePrometheus,
+    Readings,
+    decider_yaml,
+    poll,
+    running,
+)
 from tests.promstack import free_port
 
 NODES = ["n1", "n2"]
@@ -135,13 +144,8 @@ def fake() -> Iterator[FakePrometheus]:
 
 @pytest.fixture
 def decider(tmp_path: Path, fake: FakePrometheus) -> Iterator[Decider]:
-    running = Decider(tmp_path / "decider", fake.url, FACILITY)
-    try:
-        running.start(wait_ready=True)
-        running.wait_fresh()
-        yield running
-    finally:
-        running.close()
+    with running(tmp_path / "decider", fake.url, FACILITY) as started:
+        yield started
 
 
 def assert_running_file_kept(decider: Decider) -> None:

@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from decider.api.body_limit import MAX_BODY_BYTES, MAX_PLACEMENT_BODY_BYTES
-from tests.decider_harness import TOKEN, Decider, FakePrometheus, Readings
+from tests.decider_harness import TOKEN, Decider, Readings, running, serving
 
 NODES = {f"n{index}": ["rack/r1", "pdu/r1-a", "row/1"] for index in range(4)}
 FACILITY: dict[str, Any] = {
@@ -55,15 +55,11 @@ def readings() -> Readings:
 
 @pytest.fixture(scope="module")
 def decider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Decider]:
-    fake = FakePrometheus(readings())
-    running = Decider(tmp_path_factory.mktemp("edge"), fake.url, FACILITY)
-    try:
-        running.start(wait_ready=True)
-        running.wait_fresh()
-        yield running
-    finally:
-        running.close()
-        fake.close()
+    with (
+        serving(readings()) as fake,
+        running(tmp_path_factory.mktemp("edge"), fake.url, FACILITY) as started,
+    ):
+        yield started
 
 
 # --- raw HTTP ------------------------------------------------------------------------------

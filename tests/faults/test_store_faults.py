@@ -34,6 +34,7 @@ from tests.decider_harness import (
     decider_yaml,
     metric_value,
     poll,
+    running,
 )
 from tests.promstack import free_port
 
@@ -63,13 +64,8 @@ def fake() -> Iterator[FakePrometheus]:
 
 @pytest.fixture
 def decider(tmp_path: Path, fake: FakePrometheus) -> Iterator[Decider]:
-    running = Decider(tmp_path / "decider", fake.url, FACILITY)
-    try:
-        running.start(wait_ready=True)
-        running.wait_fresh()
-        yield running
-    finally:
-        running.close()
+    with running(tmp_path / "decider", fake.url, FACILITY) as started:
+        yield started
 
 
 def database_files(decider: Decider) -> list[Path]:
