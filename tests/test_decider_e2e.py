@@ -489,6 +489,7 @@ def test_the_decider_against_a_real_engine(backend: Backend, decider: Decider):
         "domain reading ages",
         "measured tokens per joule per model and profile",
         "how long each hot domain has been hot",
+        "what each domain's condition rests on",
     )
 
     def named() -> dict[str, Any] | None:
