@@ -32,6 +32,7 @@ from tests.decider_harness import (
     metric_value,
     poll,
     running,
+    serving,
 )
 
 #: Racks r1…r5 of 8 nodes each; node n00…n39.
@@ -75,11 +76,8 @@ R1_FULL = "rack r1: 9.0 of 10.0 kW reserved, replica needs ~0.9, margin 10%"
 
 @pytest.fixture
 def fake() -> Iterator[FakePrometheus]:
-    server = FakePrometheus(site_readings())
-    try:
+    with serving(site_readings()) as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture

@@ -35,6 +35,7 @@ from tests.decider_harness import (
     decider_yaml,
     poll,
     running,
+    serving,
 )
 from tests.promstack import free_port
 
@@ -126,7 +127,7 @@ def test_the_simulator_refuses_an_alias_bomb_with_exit_2(tmp_path):
 
 @pytest.fixture
 def fake() -> Iterator[FakePrometheus]:
-    server = FakePrometheus(
+    with serving(
         Readings(
             membership={"n1": ["rack/r1"], "n2": ["rack/r2"]},
             inventory=["rack/r1", "rack/r2"],
@@ -135,11 +136,8 @@ def fake() -> Iterator[FakePrometheus]:
             gpus=dict.fromkeys(NODES, 8),
             limits=dict.fromkeys(NODES, 700.0),
         )
-    )
-    try:
+    ) as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture

@@ -35,6 +35,7 @@ from tests.decider_harness import (
     metric_value,
     poll,
     running,
+    serving,
 )
 from tests.promstack import free_port
 
@@ -46,7 +47,7 @@ START_TIMEOUT_S = 30
 
 @pytest.fixture
 def fake() -> Iterator[FakePrometheus]:
-    server = FakePrometheus(
+    with serving(
         Readings(
             membership={node: ["rack/r1"] for node in NODES},
             inventory=["rack/r1"],
@@ -55,11 +56,8 @@ def fake() -> Iterator[FakePrometheus]:
             gpus=dict.fromkeys(NODES, 8),
             limits=dict.fromkeys(NODES, 700.0),
         )
-    )
-    try:
+    ) as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture
