@@ -14,16 +14,15 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
 
+from tests.exporter_helpers import serving_exporter
 from tests.fake_nvml.build import ensure_built
 from tests.shared_fixtures import SHARED_FIXTURES
 from tests.ttar import extract
@@ -36,12 +35,6 @@ VOLATILE = re.compile(
     r"^(llmgw_exporter_source_(duration_seconds|last_success_timestamp_seconds)\{[^}]*\}) .*$",
     re.MULTILINE,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -86,38 +79,13 @@ def environment(node: dict[str, Path]) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def served(node: dict[str, Path]) -> Iterator[str]:
-    port = free_port()
+    args = ["--config", str(node["agent"]), "--sysfs", str(node["sysfs"])]
     log = node["agent"].with_name("exporter.log")
-    with log.open("w") as output:
-        process = subprocess.Popen(
-            exporter_command(node, "--listen", f"127.0.0.1:{port}"),
-            env=environment(node),
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                body = requests.get(f"{url}/metrics", timeout=2).text
-                if "llmgw_node_cpu_power_watts" in body:  # RAPL's second sample is in
-                    break
-            except requests.ConnectionError:
-                pass
-            if time.monotonic() > deadline or process.poll() is not None:
-                process.kill()
-                process.wait()
-                pytest.fail(f"exporter never came up:\n{log.read_text()}")
-            time.sleep(0.2)
+    # Ready once RAPL's second sample is in.
+    with serving_exporter(
+        args, environment(node), log, lambda body: "llmgw_node_cpu_power_watts" in body, 20
+    ) as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            pytest.fail("exporter ignored SIGTERM for 10 s")
 
 
 def ours(exposition: str) -> str:

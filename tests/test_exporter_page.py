@@ -11,10 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
@@ -22,6 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.exporter_helpers import serving_exporter
 from tests.fake_nvml.build import ensure_built
 from tests.node_power_helpers import acpi_meter
 from tests.shared_fixtures import SHARED_FIXTURES
@@ -67,12 +64,6 @@ def inlet_chip(sysfs: Path, millidegrees: int) -> None:
     link.symlink_to(os.path.relpath(hwmon, link.parent))
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("node")
@@ -115,42 +106,14 @@ def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "  cray: {enabled: false}\n"
         f"  cpuinfo: {{procfs: {root / 'proc'}}}\n"
     )
-    port = free_port()
-    log = root / "exporter.log"
-    with log.open("w") as output:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                *("-m", "exporter", "--config", str(agent), "--sysfs", str(sysfs)),
-                *("--listen", f"127.0.0.1:{port}"),
-            ],
-            env={**os.environ, "FAKE_NVML_CONFIG": str(nvml)},
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                body = requests.get(f"{url}/metrics", timeout=2).text
-                if "llmgw_node_cpu_power_watts" in body and "llmgw_gpu_power_watts" in body:
-                    break  # RAPL's second sample is in, and the GPUs
-            except requests.ConnectionError:
-                pass
-            if time.monotonic() > deadline or process.poll() is not None:
-                process.kill()
-                process.wait()
-                pytest.fail(f"exporter never came up:\n{log.read_text()}")
-            time.sleep(0.2)
+    args = ["--config", str(agent), "--sysfs", str(sysfs)]
+    env = {**os.environ, "FAKE_NVML_CONFIG": str(nvml)}
+
+    def ready(body: str) -> bool:  # RAPL's second sample is in, and the GPUs
+        return "llmgw_node_cpu_power_watts" in body and "llmgw_gpu_power_watts" in body
+
+    with serving_exporter(args, env, root / "exporter.log", ready) as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            pytest.fail("exporter ignored SIGTERM for 10 s")
 
 
 class _Rows(HTMLParser):
