@@ -287,8 +287,13 @@ def rss_bytes(decider: Decider) -> int:
 
 
 def test_unknown_candidates_are_answered_not_cached(decider):
-    """Eight placements of 40,000 names the site does not know: the answers say so, and the
-    process stays the size the first such placement made it (before: ~40 MB more)."""
+    """Placements of 40,000 names the site does not know: the answers say so, and the process
+    stops growing. Before the fix each such placement kept ~5 MB for good (~40 MB over eight);
+    now the size settles within a few placements (glibc's arenas and the collector's timing),
+    then stays: 77 → 90 MB over the first six, 90 → 93 MB over the next ten, with a one-off
+    peak of 103 MB that the next placement gives back (measured, 2 cores). So the test warms
+    up for six, then asks the smallest of the last three sizes after twelve more to be within
+    20 MB of the size after warm-up: a leak at the old rate would be 60 MB past it."""
 
     def place_strangers(round_: int) -> None:
         names = [f"stranger-{round_}-{index}" for index in range(40_000)]
@@ -296,12 +301,15 @@ def test_unknown_candidates_are_answered_not_cached(decider):
         assert len(answer["nodes"]) == len(names)
         assert answer["order"] == names  # no node is refused for not being known
 
-    place_strangers(0)
-    before = rss_bytes(decider)
-    for round_ in range(1, 9):
+    for round_ in range(6):
         place_strangers(round_)
-    grown = rss_bytes(decider) - before
-    assert grown < 12 * 2**20, f"grew {grown / 2**20:.1f} MB"
+    before = rss_bytes(decider)
+    sizes = []
+    for round_ in range(6, 18):
+        place_strangers(round_)
+        sizes.append(rss_bytes(decider))
+    grown = min(sizes[-3:]) - before
+    assert grown < 20 * 2**20, f"grew {grown / 2**20:.1f} MB: {[s // 2**20 for s in sizes]}"
     known = decider.place(REPLICA, ["n1", "stranger-1-1"])  # known ones still answered
     assert [node["node"] for node in known["nodes"]] == ["n1", "stranger-1-1"]
 
