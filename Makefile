@@ -26,7 +26,8 @@ $(STAMP): pyproject.toml setup.py decider/placement/_entry_index.c
 
 debian-packages:
 	scripts/debian-packages.sh promtool=prometheus prometheus-alertmanager=prometheus-alertmanager vmalert=victoria-metrics gcc=gcc \
-		chromium=chromium openssl=openssl
+		chromium=chromium openssl=openssl ipmi_sim=openipmi ipmitool=ipmitool ipmi-sensors=freeipmi-tools \
+		prometheus-snmp-exporter=prometheus-snmp-exporter
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
