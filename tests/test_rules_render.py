@@ -365,9 +365,13 @@ def test_kind_defaults_and_a_meter_with_other_watts_render_as_the_rules_read_the
     threshold = "llmgw:domain_threshold:value"
     measured = "llmgw_domain_measured_watts"
     test = {
-        "rule_files": [str(rendered), str(ROOT / "rules" / "domain.yml")],
+        "rule_files": [
+            str(rendered),
+            str(ROOT / "rules" / "node.yml"),
+            str(ROOT / "rules" / "domain.yml"),
+        ],
         "evaluation_interval": "30s",
-        "group_eval_order": ["llmgw-site.rules", "llmgw-domain.rules"],
+        "group_eval_order": ["llmgw-site.rules", "llmgw-node.rules", "llmgw-domain.rules"],
         "tests": [
             {
                 "name": "thresholds per kind and a meter that includes other_watts",
