@@ -37,6 +37,8 @@ from llmgw_facility.commands.placement import explain_placement, headroom
 from llmgw_facility.commands.recommendations import failover_report, profiles, shedding_plan
 from llmgw_facility.exit_status import EXIT_BAD_FILE, EXIT_UNREACHABLE
 from llmgw_facility.local_files import check_config, render_rules
+from llmgw_facility.signal_check import add_arguments as add_live_check_arguments
+from llmgw_facility.signal_check import check_config_live
 
 PROG = "llmgw-facility"
 
@@ -178,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DECIDER_YAML",
         help="a decider.yaml, checked with the facility file and token file it names (repeatable)",
     )
+    add_live_check_arguments(check)
     rules = commands.add_parser("rules", help="the site's recording rules")
     rules_commands = rules.add_subparsers(dest="rules_command", required=True)
     render = rules_commands.add_parser(
@@ -359,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
                 "check-config: name at least one file (--agent agent.yaml, "
                 "--facility facility.yaml, --decider-config decider.yaml)"
             )
+        if args.prometheus is not None:
+            return check_config_live(args)
         return check_config(args.agent, args.facility, args.decider_config)
     if args.command == "rules":
         return render_rules(args.facility, args.output)
