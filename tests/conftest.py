@@ -227,6 +227,7 @@ SERVER_PROGRAMS = frozenset(
         "llmgw-decider",
         "llmgw-exporter",
         "prometheus-node-exporter",
+        "sushy-static",  # sushy-tools' Redfish mockup server (tests/redfish_helpers.py)
     }
 )
 BROWSER_PROGRAMS = frozenset({"chromium", "chromium-browser"})

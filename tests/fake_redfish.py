@@ -3,7 +3,14 @@
 Real HTTP on 127.0.0.1 at a port picked at run time (HTTPS when given a server
 `ssl.SSLContext`, the handshake done in each connection's own thread). It checks credentials
 (session or basic), forgets its sessions on `restart()` (as a BMC does when it
-reboots), can stop answering (`hang()`), and counts what it was asked.
+reboots), can stop answering (`hang()`) or answer an error status (`fail()`), and
+counts what it was asked.
+
+It serves CEEMS' fixtures by default, or another tree (`mockup_documents`: DMTF's
+mockup in tests/fixtures/redfish/public-rackmount1) with that tree's Sessions
+collection: sushy-static, which serves the mockup in tests/test_redfish_sushy.py,
+has no session service (any POST gets 204 without a token), so the session login
+is tested here, against the mockup's own documents.
 """
 
 from __future__ import annotations
@@ -38,11 +45,31 @@ def fixture_documents() -> dict[str, dict[str, Any]]:
     return {path: json.loads((FIXTURES / name).read_text()) for path, name in FIXTURE_PATHS.items()}
 
 
+def mockup_documents(root: Path) -> dict[str, dict[str, Any]]:
+    """A DMTF mockup tree (DIR/…/index.json) as the paths it is served at, as sushy-static
+    and DMTF's Redfish-Mockup-Server serve it: DIR/index.json at /redfish/v1/, DIR/X/index.json
+    at /redfish/v1/X."""
+    documents = {}
+    for index in root.rglob("index.json"):
+        relative = index.parent.relative_to(root).as_posix()
+        path = "/redfish/v1/" if relative == "." else f"/redfish/v1/{relative}"
+        documents[path] = json.loads(index.read_text())
+    return documents
+
+
 class FakeRedfish:
-    def __init__(self, auth: str = "session", tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        auth: str = "session",
+        tls: ssl.SSLContext | None = None,
+        documents: dict[str, dict[str, Any]] | None = None,
+        sessions: str = SESSIONS,
+    ) -> None:
         self.auth = auth
         self.tls = tls
-        self.documents = fixture_documents()
+        self.documents = fixture_documents() if documents is None else documents
+        self.sessions = sessions  # where logins are POSTed: the service root's Links.Sessions
+        self.errors: dict[str, int] = {}  # path -> the status a GET of it is answered with
         self.tokens: set[str] = set()
         self.requests: Counter[tuple[str, str]] = Counter()
         self.deleted: list[str] = []
@@ -90,8 +117,13 @@ class FakeRedfish:
         with self.lock:
             self.documents[path] = copy.deepcopy(document)
 
+    def fail(self, path: str, status: int) -> None:
+        """Answer GET `path` with `status` (and a Redfish error body) from now on."""
+        with self.lock:
+            self.errors[path] = status
+
     def logins(self) -> int:
-        return self.requests[("POST", SESSIONS)]
+        return self.requests[("POST", self.sessions)]
 
     def _authorized(self, headers: Any) -> bool:
         if self.auth == "none":
@@ -160,6 +192,9 @@ class FakeRedfish:
                     return self._send(401, {"error": {"code": "Base.1.0.NoValidSession"}})
                 with bmc.lock:
                     document = copy.deepcopy(bmc.documents.get(path))
+                    error = bmc.errors.get(path)
+                if error is not None:
+                    return self._send(error, {"error": {"code": "Base.1.0.InternalError"}})
                 if document is None:
                     return self._send(404, {"error": {"code": "Base.1.0.ResourceMissingAtURI"}})
                 return self._send(200, document)
@@ -169,7 +204,7 @@ class FakeRedfish:
                 bmc.requests[("POST", path)] += 1
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
-                if path != SESSIONS or bmc.auth != "session":
+                if path != bmc.sessions or bmc.auth != "session":
                     return self._send(405)
                 if body.get("UserName") != USER or body.get("Password") != PASSWORD:
                     return self._send(401, {"error": {"code": "Base.1.0.NoValidSession"}})
@@ -179,7 +214,7 @@ class FakeRedfish:
                 return self._send(
                     201,
                     {"Id": token[:8], "UserName": USER},
-                    {"X-Auth-Token": token, "Location": f"{SESSIONS}/{token[:8]}"},
+                    {"X-Auth-Token": token, "Location": f"{bmc.sessions}/{token[:8]}"},
                 )
 
             def do_DELETE(self) -> None:

@@ -1,17 +1,14 @@
 """redfish source over real HTTPS on loopback: CEEMS' Redfish fixtures behind TLS.
 
-The CA and the BMC's certificate (for IP 127.0.0.1) are made here, for this
-run only, with the `openssl` command (Debian package `openssl`, installed by
-`make debian-packages`). The service is tests/fake_redfish.py's, the same as
-tests/test_redfish.py's, given a server TLS context.
+The CA and the BMC's certificate (for IP 127.0.0.1) are made for this run
+only, by tests/redfish_helpers.py's `make_pki`. The service is
+tests/fake_redfish.py's, the same as tests/test_redfish.py's, given a server
+TLS context.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
-import ssl
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,70 +17,18 @@ import pytest
 from exporter.poller import SourceRunner
 from exporter.sources.redfish import RedfishConfig, RedfishSource
 from tests.fake_redfish import PASSWORD, FakeRedfish
-from tests.redfish_helpers import POWER, FakeClock, values
-
-OPENSSL_CONFIG = """\
-[req]
-distinguished_name = dn
-prompt = no
-[dn]
-CN = llmgw test CA
-[ca]
-basicConstraints = critical, CA:TRUE
-keyUsage = critical, keyCertSign, cRLSign
-subjectKeyIdentifier = hash
-[server]
-basicConstraints = critical, CA:FALSE
-keyUsage = critical, digitalSignature
-extendedKeyUsage = serverAuth
-subjectAltName = IP:127.0.0.1
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid:always
-"""
-
-
-def openssl(*args: str | Path, cwd: Path) -> None:
-    command = shutil.which("openssl")
-    assert command, "openssl is not installed: run `make debian-packages`"
-    subprocess.run([command, *map(str, args)], cwd=cwd, check=True, capture_output=True)
-
-
-def make_ca(where: Path, name: str) -> tuple[Path, Path]:
-    """A throwaway CA: (certificate, key)."""
-    (where / "openssl.cnf").write_text(OPENSSL_CONFIG)
-    cert, key = where / f"{name}.pem", where / f"{name}.key"
-    openssl(
-        "req", "-x509", "-config", "openssl.cnf", "-extensions", "ca", "-subj", f"/CN={name}",
-        "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-        "-keyout", key, "-out", cert, "-days", "2", cwd=where,
-    )  # fmt: skip
-    return cert, key
+from tests.redfish_helpers import POWER, FakeClock, make_pki, server_context, values
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The BMC's CA and certificate for 127.0.0.1, and a second CA that signed nothing."""
-    where = tmp_path_factory.mktemp("pki")
-    ca, ca_key = make_ca(where, "bmc-ca")
-    other_ca, _ = make_ca(where, "other-ca")
-    openssl(
-        "req", "-new", "-config", "openssl.cnf", "-subj", "/CN=127.0.0.1",
-        "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-        "-keyout", "bmc.key", "-out", "bmc.csr", cwd=where,
-    )  # fmt: skip
-    openssl(
-        "x509", "-req", "-in", "bmc.csr", "-CA", ca, "-CAkey", ca_key, "-set_serial", "2",
-        "-days", "2", "-extfile", "openssl.cnf", "-extensions", "server", "-out", "bmc.pem",
-        cwd=where,
-    )  # fmt: skip
-    return {"ca": ca, "other_ca": other_ca, "cert": where / "bmc.pem", "key": where / "bmc.key"}
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture
 def bmc(pki: dict[str, Path]) -> Iterator[FakeRedfish]:
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(pki["cert"], pki["key"])
-    service = FakeRedfish(tls=context).start()
+    service = FakeRedfish(tls=server_context(pki)).start()
     assert service.url.startswith("https://127.0.0.1:")
     yield service
     service.stop()
