@@ -317,7 +317,8 @@ def describe(source: Path, report: SignalReport) -> tuple[bool, list[str]]:
     kinds = f"{signal.kind}s"
     if report.ok:
         return True, [
-            f"{head}: ok: {report.series} series onto {len(report.domains)} declared {kinds} "
+            f"{head}: ok: {report.series} series onto "
+            f"{_count(len(report.domains), 'declared ' + signal.kind)} "
             f"({', '.join(sorted(report.domains))})"
         ]
     query = " ".join(signal.bounded_query().split())
@@ -331,8 +332,8 @@ def describe(source: Path, report: SignalReport) -> tuple[bool, list[str]]:
         ]
     lines = [
         f"{head}: does not map onto the declared {kinds}: {report.series} series, "
-        f"{len(report.unmapped)} onto none of them; {len(report.uncovered)} declared "
-        f"{kinds} with no series"
+        f"{len(report.unmapped)} onto none of them; "
+        f"{_count(len(report.uncovered), 'declared ' + signal.kind)} with no series"
     ]
     for text, why in report.unmapped[:MAX_NAMED]:
         lines.append(f"  series {text}: {why}")
@@ -346,6 +347,10 @@ def describe(source: Path, report: SignalReport) -> tuple[bool, list[str]]:
         )
     lines.append(f"  query: {query}")
     return False, lines
+
+
+def _count(number: int, thing: str) -> str:
+    return f"{number} {thing}{'' if number == 1 else 's'}"
 
 
 def check_config_live(args: argparse.Namespace) -> int:

@@ -111,7 +111,7 @@ def test_each_signal_is_run_and_held_against_the_declared_domains(prometheus_url
         "query?)",
         "  query: sum by (pdu) (pdu_outlet_power_watts)",
         f"{facility}: signals.cooling_alarm: does not map onto the declared rows: 3 series, "
-        "2 onto none of them; 1 declared rows with no series",
+        "2 onto none of them; 1 declared row with no series",
         '  series {cabinet_row="hall-z"}: row/hall-z is not declared in the facility file',
         "  series {}: no cabinet_row label: the rule drops it",
         "  declared, no series: row/13",
