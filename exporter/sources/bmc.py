@@ -104,7 +104,8 @@ class BmcConfig(SourceConfig):
 
     def deadline_or(self, default: float) -> float:
         """A poll makes a few requests (ipmi: two tool runs; redfish: the power
-        and thermal documents, a login now and then), each within `timeout`:
+        and thermal documents, a login now and then, and at start and after a
+        failed poll the chassis and its sensors looked for), each within `timeout`:
         the default deadline is two timeouts and 5 s more (25 s by default)."""
         return self.deadline or 2 * self.timeout + 5
 

@@ -1,20 +1,37 @@
 """Node power, and the inlet sensor, from the BMC's Redfish service (HTTPS, `requests`).
 
 The chassis read is `chassis` (its `Id`) or, unset, the first member of the
-Chassis collection that links a power resource. Its power is the first of:
+Chassis collection that links `EnvironmentMetrics`, `PowerSubsystem` or `Power`.
+Its power is the first of these that gives a reading (newest resources first,
+the chassis' own total before figures the exporter would have to add up):
 
-1. `EnvironmentMetrics` → `PowerWatts.Reading` (Redfish 2020.4 and later);
-2. `PowerSubsystem` → `PowerSupplies` → each present supply's `Metrics` →
+1. `EnvironmentMetrics` → `PowerWatts.Reading` (Redfish 2020.4 and later: the
+   chassis' power, one request);
+2. `Sensors` → the chassis' total power sensor: `ReadingType` `Power`,
+   `PhysicalContext` `Chassis`, `ElectricalContext` `Total` or unset (DMTF's
+   mockups call it `TotalPower`) → `Reading`;
+3. `PowerSubsystem` → `PowerSupplies` → each present supply's `Metrics` →
    `InputPowerWatts.Reading`, summed (used only when every present supply
    answers);
-3. the legacy `Power` resource → the first `PowerControl` entry with a
+4. the legacy `Power` resource → the first `PowerControl` entry with a
    `PowerConsumedWatts` (the first is the system's on every BMC we know; later
    entries are often sub-systems, CPU or memory, and are never added).
 
-Its inlet: `ThermalSubsystem` → `ThermalMetrics` →
-`TemperatureSummaryCelsius.Intake.Reading`, else the legacy `Thermal` →
-`Temperatures` entry whose `PhysicalContext` is `Intake` or whose name has the
-word Inlet, Ambient or Intake.
+Its inlet is the first of:
+
+1. `ThermalSubsystem` → `ThermalMetrics` → `TemperatureSummaryCelsius.Intake.Reading`
+   (labelled `sensor="Intake"`);
+2. `Sensors` → a temperature sensor (`ReadingUnits` `Cel`) whose
+   `PhysicalContext` is `Intake` (labelled with its `Id`, e.g. `IntakeTemp`);
+3. the legacy `Thermal` → `Temperatures` entry whose `PhysicalContext` is
+   `Intake` or whose name has the word Inlet, Ambient or Intake (labelled with
+   its `Name`).
+
+The Sensors collection is looked through only when a resource before it gave
+nothing, once per chassis found (again after a failed poll), and only the
+members whose `Id` names what is sought: power (`Power`, `Pwr`; ids with
+`Total` first) or the inlet (`Intake`, `Inlet`, then `Ambient`). A BMC can
+list a hundred sensors, and fetching each would outlast a poll's deadline.
 
 Emits:
 
@@ -23,20 +40,23 @@ Emits:
 
 The inlet series is served only while the `hwmon` source has no inlet sensor.
 
-Authentication: `session` (POST to the service's Sessions collection, then
-`X-Auth-Token`; a 401 — the BMC restarted and forgot the session — opens one
+Authentication: `session` (POST to the service's Sessions collection before
+the first request, then `X-Auth-Token`; a 401 — the BMC restarted and forgot the session — opens one
 new session and retries once; the session is deleted at exit), `basic`, or
 `none`. The credentials file holds the user name on its first line and the
 password on its second; it is read at each login, and neither its content nor
-the token is ever logged.
+the token is ever logged. A service that accepts the login POST without
+handing out a token (sushy-tools' `sushy-static` answers any POST with 204)
+has no session service: the source reads down saying so; use `basic`.
 
 Missing data:
 - no `url` configured → `NoData`; no chassis with a power resource → `NoData`;
 - a reading that is null, 0 W or above 50 kW, an inlet outside −20…80 °C, a
-  resource the chassis links but the service does not serve (404) → absent;
+  resource the chassis links but the service does not serve (404) → absent
+  (the next resource in the order above is tried);
 - the BMC not answering within `timeout`, refusing the login, answering an
-  error or something that is not JSON → the source is down; its last reading
-  is served until `stale_after`, then absent;
+  error (a 500) or something that is not JSON → the source is down; its last
+  reading is served until `stale_after`, then absent;
 - a certificate that `tls_verify` does not trust → the same, with OpenSSL's
   reason; it fails the first request, so no credentials are sent;
 - the inlet failing while the power was read → the power is served, the
@@ -51,6 +71,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 from urllib.parse import urljoin, urlsplit
@@ -75,6 +96,42 @@ from llmgw_common.yamlfile import FilePath
 SERVICE_ROOT = "/redfish/v1/"
 DEFAULT_SESSIONS = "/redfish/v1/SessionService/Sessions"
 POWER_LINKS = ("EnvironmentMetrics", "PowerSubsystem", "Power")
+
+
+@dataclass(frozen=True)
+class SensorKind:
+    """What one kind of sensor in a chassis' Sensors collection looks like."""
+
+    #: Words of a member's `Id` (any case) that make it worth fetching.
+    id_words: tuple[str, ...]
+    #: Of those, the ids with one of these words are fetched first.
+    preferred: tuple[str, ...]
+    #: Whether the fetched Sensor document is this kind.
+    matches: Callable[[dict[str, Any]], bool]
+
+
+def _is_chassis_power(sensor: dict[str, Any]) -> bool:
+    kind = sensor.get("ReadingType")
+    is_power = kind == "Power" or (kind is None and sensor.get("ReadingUnits") == "W")
+    return (
+        is_power
+        and sensor.get("PhysicalContext") == "Chassis"
+        and sensor.get("ElectricalContext") in (None, "Total")
+    )
+
+
+def _is_intake_temperature(sensor: dict[str, Any]) -> bool:
+    kind = sensor.get("ReadingType")
+    is_temperature = kind == "Temperature" or (kind is None and sensor.get("ReadingUnits") == "Cel")
+    return is_temperature and sensor.get("PhysicalContext") == "Intake"
+
+
+#: The chassis' total power (DMTF's mockups: `TotalPower`; not a supply's, not a CPU's).
+POWER_SENSOR = SensorKind(("power", "pwr"), ("total",), _is_chassis_power)
+#: The air at the chassis' intake (DMTF's mockups: `IntakeTemp`; `AmbientTemp` is the room).
+INLET_SENSOR = SensorKind(
+    ("intake", "inlet", "ambient"), ("intake", "inlet"), _is_intake_temperature
+)
 
 log = logging.getLogger(__name__)
 _E = TypeVar("_E", bound=BaseException)
@@ -167,6 +224,10 @@ class RedfishClient:
         self._session_uri: str | None = None
 
     def get(self, path: str) -> dict[str, Any]:
+        if self.config.auth == "session" and self._token is None:
+            # Logged in before the first request, not after its 401: a service that
+            # answers without one would otherwise never be asked for the session.
+            self._login()
         response = self._send("GET", path)
         if response.status_code == 401 and self.config.auth == "session":
             self._login()
@@ -251,8 +312,15 @@ class RedfishClient:
                 pass
         response = self._send("POST", sessions, json={"UserName": user, "Password": password})
         token = response.headers.get("X-Auth-Token")
-        if response.status_code not in (200, 201) or not token:
+        if response.status_code not in (200, 201, 204):
             raise RedfishError(f"the BMC refused the session login (HTTP {response.status_code})")
+        if not token:
+            # sushy-static answers every POST with 204 and nothing else: no session service.
+            raise RedfishError(
+                f"the BMC answered the session login (POST {sessions}) with HTTP"
+                f" {response.status_code} but no X-Auth-Token: it has no session service"
+                " (set auth: basic, or none)"
+            )
         self._token = token
         self._session_uri = response.headers.get("Location")
 
@@ -271,6 +339,10 @@ class RedfishSource(BmcSource):
         super().__init__(sysfs, config, clock)
         self._client: RedfishClient | None = None
         self._chassis: dict[str, Any] | None = None  # the chassis document, found once
+        # The chassis' Sensors collection and its sensor of each kind (None: it has none),
+        # looked for once: a BMC can list a hundred sensors.
+        self._sensor_members: list[str] | None = None
+        self._sensors: dict[SensorKind, str | None] = {}
 
     def close(self) -> None:
         if self._client is not None:
@@ -278,6 +350,7 @@ class RedfishSource(BmcSource):
 
     def _forget(self) -> None:
         self._chassis = None  # find it afresh: the BMC may have been reconfigured
+        self._sensor_members, self._sensors = None, {}
 
     def _read(self) -> list[Sample]:
         if self.config.url is None:
@@ -334,6 +407,8 @@ class RedfishSource(BmcSource):
                 watts = _number((reading.get("PowerWatts") or {}).get("Reading"))
                 if watts is not None:
                     return watts
+        if (sensor := self._sensor_reading(client, chassis, POWER_SENSOR)) is not None:
+            return sensor[1]
         if (path := _link(chassis, "PowerSubsystem")) is not None:
             subsystem = _optional(client, path)
             if subsystem is not None and (watts := _supplies_input(client, subsystem)) is not None:
@@ -357,6 +432,8 @@ class RedfishSource(BmcSource):
                 celsius = _number(summary.get("Reading"))
                 if celsius is not None:
                     return "Intake", celsius
+        if (sensor := self._sensor_reading(client, chassis, INLET_SENSOR)) is not None:
+            return sensor
         if (path := _link(chassis, "Thermal")) is not None:
             thermal = _optional(client, path)
             for sensor in (thermal or {}).get("Temperatures") or []:
@@ -371,6 +448,45 @@ class RedfishSource(BmcSource):
                     if celsius is not None:
                         return name or "Intake", celsius
         return None
+
+    def _sensor_reading(
+        self, client: RedfishClient, chassis: dict[str, Any], kind: SensorKind
+    ) -> tuple[str, float] | None:
+        """(the sensor's Id, its reading) from the chassis' sensor of this kind, if it has one."""
+        if self._sensor_members is None:
+            path = _link(chassis, "Sensors")
+            collection = (_optional(client, path) if path else None) or {}
+            members = collection.get("Members") or []
+            self._sensor_members = [p for m in members if (p := _link({"m": m}, "m"))]
+        if kind not in self._sensors:
+            self._sensors[kind] = _find_sensor(client, self._sensor_members, kind)
+        path = self._sensors[kind]
+        if path is None:
+            return None
+        sensor = _optional(client, path)
+        if sensor is None or (sensor.get("Status") or {}).get("State", "Enabled") != "Enabled":
+            return None
+        reading = _number(sensor.get("Reading"))
+        if reading is None:
+            return None
+        return str(sensor.get("Id") or path.rstrip("/").rsplit("/", 1)[-1]), reading
+
+
+def _find_sensor(client: RedfishClient, members: list[str], kind: SensorKind) -> str | None:
+    """The path of the first sensor of this kind among the members of a Sensors collection,
+    fetching only those whose Id names it (the preferred words first), or None."""
+
+    def named(member: str, words: tuple[str, ...]) -> bool:
+        member_id = member.rstrip("/").rsplit("/", 1)[-1].lower()
+        return any(word in member_id for word in words)
+
+    candidates = [member for member in members if named(member, kind.id_words)]
+    candidates.sort(key=lambda member: not named(member, kind.preferred))  # stable
+    for member in candidates:
+        sensor = _optional(client, member)
+        if sensor is not None and kind.matches(sensor):
+            return member
+    return None
 
 
 def _find_cause(exc: BaseException, kind: type[_E]) -> _E | None:
