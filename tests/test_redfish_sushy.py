@@ -240,15 +240,18 @@ def test_the_newest_resources_are_read_and_no_other(
 # --- authentication -----------------------------------------------------------------------
 
 
-def test_basic_auth_sends_the_credentials_over_verified_tls(
-    sushy: SushyStatic, pki: dict[str, Path], credentials: Path
+@pytest.mark.parametrize("auth", ["basic", "none"])
+def test_basic_auth_sends_the_credentials_with_each_request_and_none_sends_none(
+    sushy: SushyStatic, pki: dict[str, Path], credentials: Path, auth: str
 ) -> None:
-    state = source(sushy.url, credentials, pki["ca"], FakeClock()).poll_once()
+    state = source(sushy.url, credentials, pki["ca"], FakeClock(), auth=auth).poll_once()
     assert state.up, state.reason
+    assert values(list(state.samples)) == {(POWER, "redfish"): 374.0, (INLET, "Intake"): 24.8}
     # sushy-static checks no credentials, but prints every request's headers.
     expected = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
-    headers = sushy.log.read_text()
-    assert headers.count(f"Authorization: Basic {expected}") == len(sushy.requested()) - 1
+    ours = len(sushy.requested()) - 1  # all but the readiness check
+    sent = sushy.log.read_text().count(f"Authorization: Basic {expected}")
+    assert sent == (ours if auth == "basic" else 0)
     assert sushy.requested("POST") == []  # no session was asked for
 
 
