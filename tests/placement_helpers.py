@@ -225,13 +225,16 @@ def facility(mode: str = "enforce", **more: Any) -> Any:
 
 def assert_as_decide(view: View, rep: Replica, candidates: list[str]) -> answers.Answer:
     """The cached answer is the fresh one, in every part the endpoint uses: `decide`'s on
-    this View, and on a View of the same state that works out every figure anew (this View
-    may have taken its figures over from the View before, View.settle)."""
+    this View, on a View of the same state that works out every figure anew (this View
+    may have taken its figures over from the View before, View.settle), and on one that
+    runs the filters at each call (no refusal memo: View.memo_refusals)."""
     decision = decide(view, rep, candidates)
     got = answers.place(view, rep, candidates)
     assert got.body == to_json(decision.as_json())
     anew = dataclasses.replace(view)
     assert got.body == to_json(decide(anew, rep, candidates).as_json())
+    unremembered = dataclasses.replace(view, memo_refusals=False)
+    assert got.body == to_json(decide(unremembered, rep, candidates).as_json())
     assert got.order == decision.order
     assert got.summary == decision.summary()
     assert got.refusals_by_rule == decision.refusals_by_rule

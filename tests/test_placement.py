@@ -10,6 +10,7 @@ asserted here, not only its gist.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from types import ModuleType
@@ -98,7 +99,6 @@ def node_state(
         node=name,
         domains=domains,
         condition="ok",
-        refusals=(),
         room=min(rooms) if rooms else None,
         rack=next((d for d in domains if d.ref.kind == "rack"), None),
         gpus=gpus,
@@ -1277,11 +1277,11 @@ def test_a_node_gathers_the_refusals_of_all_its_racks_and_pdus(make_site: Any) -
         make_snapshot({"n1": ["rack/r1", "pdu/p1", "pdu/p2"]}, conditions={"pdu/p2": "hot"}),
         holds={"rack/r1": "move", "pdu/p1": "fuse"},
     )
-    assert site.view().node("n1").refusals == (
+    assert site.decide(replica(), ["n1"]).verdicts[0].refusals == [
         ("held", "pdu p1 held: fuse"),
         ("hot", "pdu p2 hot"),
         ("held", "rack r1 held: move"),
-    )
+    ]
 
 
 # --- a view after a write: View.settle --------------------------------------------------------
@@ -1439,6 +1439,34 @@ def test_a_new_rule_is_seen_by_decide_the_cached_answers_and_the_reasons(
         assert site.reserve("n1", replica(1, 100)).created
     refused = site.reserve("n2", replica(1, 100))
     assert refused.verdict is not None and refused.verdict.refusals == [("maintenance", reason)]
+
+
+def test_judge_runs_the_domain_filters_once_per_state_and_view_and_at_each_call_unremembered(
+    make_site: Any, registered: Callable[[ModuleType], None]
+) -> None:
+    # judge runs every registered filter on each domain of the node it judges; the View's
+    # memo (View.domain_refusals) runs it once per domain state, and the answer is the same.
+    seen: list[str] = []
+    rule = maintenance_window({"r2"})
+    window = rule.refuse  # type: ignore[attr-defined]
+
+    def counted(domain: Any) -> str | None:
+        seen.append(domain.label)
+        return window(domain)
+
+    rule.refuse = counted  # type: ignore[attr-defined]
+    registered(rule)
+    site = make_site(
+        make_facility({"rack/r1": {"cap_watts": 10_000}}),
+        make_snapshot({"n1": ["rack/r1", "row/1"], "n2": ["rack/r2", "row/1"]}),
+    )
+    view = site.view()
+    remembered = [site.decide(replica(gpus), ["n1", "n2"]).as_json() for gpus in (1, 2)]
+    assert sorted(seen) == ["rack r1", "rack r2", "row 1"]
+    seen.clear()
+    plain = dataclasses.replace(view, memo_refusals=False)
+    assert [decide(plain, replica(gpus), ["n1", "n2"]).as_json() for gpus in (1, 2)] == remembered
+    assert sorted(seen) == sorted(["rack r1", "rack r2", "row 1", "row 1"] * 2)
 
 
 def test_a_rule_that_reads_what_the_states_do_not_hold_is_refused_at_registration() -> None:

@@ -6,8 +6,9 @@ names are the reason codes in metrics; each says what it does with a node that h
 data), reading the plain figures of decider.placement.states that the View builds:
 
 - filters on one domain or phase, no estimate needed: `held`, `hot`, `over_cap`
-  (rules.DOMAIN_FILTERS): the View has the registry run them once per domain and View;
-  `judge` gathers them for the node's domains and phases;
+  (rules.DOMAIN_FILTERS): `judge` runs them on each of the node's domains and phases
+  through rules.domain_refusals, which the View remembers per state (a speed layer beside
+  the rules: decider.placement.refusal_memo, switched off with View.memo_refusals);
 - the filter that needs the replica's estimate: `power_cap`, which `judge` calls on each
   domain and phase of a node the replica would take past its least room;
 - the ordering scores, lower first (rules.ORDER): `condition`, `rack_room`, `spread`, then
@@ -33,7 +34,7 @@ from decider.models import Replica
 from decider.placement import rules
 from decider.placement.estimate import Estimate, estimate
 from decider.placement.rules import ORDER_KEYS, RULES
-from decider.placement.states import Ask, NodeState, Refusal, some
+from decider.placement.states import Ask, DomainState, NodeState, Refusal, some
 from decider.placement.view import View
 
 __all__ = [
@@ -140,21 +141,33 @@ def judge(
     each refusal applied or, of an observed concern, reported (`would_refuse`)."""
     if guess is None:
         guess = estimate(replica, node, view.facility, site_limit)
-    # The domain filters of the node's rack, pdus and phases (rules.domain_refusals, run
-    # once per domain and View where the View builds them), then of its row, room and site.
-    refusals = list(node.refusals)
+    # The filters that need no estimate, on each of its domains and phases: held, hot,
+    # over_cap and any registered (rules.DOMAIN_FILTERS, through rules.domain_refusals,
+    # which the View remembers per state: View.domain_refusals). Its rack's and pdus'
+    # states are in its own; its row's, room's and site's are read as of this view.
+    refuse = view.domain_refusals
+    refusals: list[Refusal] = []
+    for budgeted in node.domains:
+        refusals += refuse(budgeted)
+    for phase in node.phases:
+        refusals += refuse(phase)
     room = node.room
-    if node.coarse:  # the node's row, room and site, as of this view
+    coarse: list[DomainState] = []
+    if node.coarse:
         domains = view.domains
         for ref in node.coarse:
             shared = domains.get(ref) or view.domain(ref)
-            if shared.refusals:
-                refusals.extend(shared.refusals)
+            coarse.append(shared)
+            refusals += refuse(shared)
             if shared.room is not None and (room is None or shared.room < room):
                 room = shared.room
+    for ref, hold in node.last_known_holds:  # its membership unknown: its last known holds
+        refusals.append((rules.held.name, rules.held.refuse_last_known(ref, hold)))
+    # The filter that needs the estimate, on each domain and phase of a node the replica
+    # would take past its least room: power_cap names each.
     headroom = None if room is None else room - guess.watts
-    if headroom is not None and headroom < 0:  # past its least room: power_cap names each
-        for budgeted in (*view.all_domains(node), *node.phases):
+    if headroom is not None and headroom < 0:
+        for budgeted in (*node.domains, *coarse, *node.phases):
             reason = rules.power_cap.refuse(budgeted, guess.watts)
             if reason is not None:
                 refusals.append((rules.power_cap.name, reason))

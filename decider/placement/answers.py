@@ -401,12 +401,13 @@ class Shape:
         past = earlier._past
         then, now = before.domains, view.domains
         members = view.members
+        refuse = view.domain_refusals
         for ref in before.coarse_refs:
             old, new = then[ref], now.get(ref)
             if new is old:
                 continue
             nodes = members.get(ref, ())
-            if new is None or new.refusals != old.refusals:
+            if new is None or refuse(new) != refuse(old):
                 for name in nodes:
                     drop(name)
                 continue
@@ -469,12 +470,13 @@ class Shape:
         after = []
         floor: float | None = None
         changed = False
+        refuse = self.view.domain_refusals
         for state in states:
             if id(state) not in swapped:
                 after.append(state)
                 continue
             now = swapped[id(state)]
-            if now is None or now.refusals != state.refusals:
+            if now is None or refuse(now) != refuse(state):
                 return _Moved(states, None, None, True)
             changed = True
             for room in (state.room, now.room):

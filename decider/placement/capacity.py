@@ -87,13 +87,15 @@ def _fit_domain(view: View, replica: Replica, ref: DomainRef, nodes: list[str]) 
     placed = 0
     unbounded = False
     site_limit = view.site_gpu_limit_watts
+    refuse = view.domain_refusals
     if not nodes:
         binds["no member nodes known"] = 0
     for name in nodes:
         node = view.node(name)
         every = view.all_domains(node)
-        refusals = [reason for domain in every for _, reason in domain.refusals]
-        refusals += [reason for phase in node.phases for _, reason in phase.refusals]
+        # The placement filters that need no estimate (held, hot, over_cap, any registered:
+        # rules.domain_refusals, as judge runs them); the first stops the node.
+        refusals = [reason for each in (*every, *node.phases) for _, reason in refuse(each)]
         if refusals:
             binds[refusals[0]] += 1
             continue

@@ -2,7 +2,9 @@
 
 Plain data: this module imports no rule and no cache. The View (decider.placement.view)
 builds these from the facility file, the snapshot, the reservations and the holds; the rule
-modules read them; `judge` (decider.placement) calls the rules on them. The limit past which
+modules read them; `judge` (decider.placement) calls the rules on them. No state holds a rule's
+answer: the refusals are `judge`'s to work out (the View remembers them per state, a speed
+layer: decider.placement.refusal_memo). The limit past which
 a placement is refused, cap × (1 − margin), is worked out by `decider.facility.limit_watts`
 alone, for every domain and phase as they are built here, with the domain's own margin
 (the domain's, else the site's: decider.facility).
@@ -33,9 +35,7 @@ class DomainState:
     - `load`: the larger of reserved and measured, plus what no node reports (DESIGN.md §5);
       `load_basis` says which of the two it is;
     - `room`: watts left under the limit (negative: past it); None without a budget;
-    - `headroom`: watts left under the cap itself (what /metrics publishes);
-    - `refusals`: (rule, reason) of the filters that need no estimate, as the View had
-      `judge`'s registry work them out for this domain (decider.placement.rules).
+    - `headroom`: watts left under the cap itself (what /metrics publishes).
     """
 
     ref: DomainRef
@@ -51,7 +51,6 @@ class DomainState:
     load_basis: str = "reserved"
     room: float | None = None
     headroom: float | None = None
-    refusals: tuple[Refusal, ...] = ()
     margin: float = 0.0  # the domain's (its own, else the site's: decider.facility)
     #: What a warm or hot domain's condition rests on, and for how long (the evidence and
     #: hot parts: decider.placement.evidence.of); None for any other.
@@ -76,7 +75,7 @@ class DomainState:
         held: Hold | None,
         evidence: Evidence | None = None,
     ) -> DomainState:
-        """The figures; no rule is run here (the View asks the registry for refusals)."""
+        """The figures; no rule is run here (`judge` runs them)."""
         basis = "measured" if measured is not None and measured > reserved else "reserved"
         load = max(reserved, measured if measured is not None else 0.0) + other_watts
         limit = limit_watts(cap, margin)
@@ -115,7 +114,6 @@ class PhaseState:
     load: float
     room: float  # under the limit; negative: past it
     headroom: float  # under the cap
-    refusals: tuple[Refusal, ...] = ()
     load_basis: str = "reserved"
     margin: float = 0.0
     held: Hold | None = None
@@ -173,24 +171,26 @@ class NodeState:
     node: str
     domains: tuple[DomainState, ...]  # empty: the node's membership is unknown
     condition: Condition  # the worst among its domains
-    refusals: tuple[Refusal, ...]  # (rule, reason) from rules needing no estimate
-    room: float | None  # the least room among its budgeted domains
+    room: float | None  # the least room among its budgeted domains and phases
     rack: DomainState | None
     gpus: int | None  # physical GPUs, from the snapshot
     gpu_limit_watts: float | None  # the largest enforced GPU power limit, from the snapshot
     reserved_gpus: int
-    #: The node's row, room and site. A view builds `domains`, `refusals` and `room` from the
+    #: The node's row, room and site. A view builds `domains` and `room` from the
     #: node's rack and pdus alone and reads these shared domains at each request: a
     #: reservation changes them for every node, and rebuilding 10,000 nodes' states for it
     #: would cost more than the placement. Empty: `domains` holds every domain.
     coarse: tuple[DomainRef, ...] = ()
     #: The phases its load counts against, of its three-phase pdus (decider.placement.phases);
-    #: their rooms are in `room`, their refusals in `refusals`.
+    #: their rooms are in `room`.
     phases: tuple[PhaseState, ...] = ()
     #: Its CPU models (the snapshot's `cpus` part): a CPU replica's watts per core.
     cpu_models: tuple[str, ...] = ()
     #: A warm node: why, its warm domains' evidence in words (decider.placement.condition).
     warm_evidence: tuple[str, ...] = ()
+    #: Its membership unknown (no fresh membership part): the holds on the domains it was
+    #: last known in (the snapshot's, else its reservations'), which refuse it (held.py).
+    last_known_holds: tuple[tuple[DomainRef, Hold], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,24 +23,25 @@ no fresh membership: each node refused by its last known domains) the cache star
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from decider import overrides as overrides_text
 from decider.facility import Domain, DomainRef, Facility
 from decider.giving_way import paced
 from decider.placement import condition as condition_score
-from decider.placement import evidence, phases, rules
-from decider.placement import held as held_rule
+from decider.placement import evidence, phases, refusal_memo, rules
 from decider.placement.overlay import Layered
 from decider.placement.phases import PhaseKey
 from decider.placement.states import (
     CONDITION_RANK,
     FINE_KINDS,
+    Budgeted,
     DomainState,
     NodeState,
     PhaseState,
+    Refusal,
 )
 from decider.snapshot import Condition, Snapshot
 from decider.store import Hold, Override, Reservation
@@ -68,7 +69,7 @@ SETTLE_UPDATES = frozenset(
         "_nodes",
     }
 )
-SETTLE_WORKS_OUT_ANEW = frozenset({"enforced", "ordering_mask"})
+SETTLE_WORKS_OUT_ANEW = frozenset({"enforced", "ordering_mask", "domain_refusals"})
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,9 @@ class View:
     #: The overrides in force when the view was made (decider.state): each clears its
     #: domain's condition, read as `ok` (docs/decider.md, "Overrides").
     overrides: Mapping[DomainRef, Override] = field(default_factory=dict)
+    #: Whether `domain_refusals` remembers each state's refusals (a speed layer: the
+    #: answers are the same without, tests/test_placement_answers.py).
+    memo_refusals: bool = True
 
     @property
     def mode(self) -> str:
@@ -99,6 +103,13 @@ class View:
     def ordering_mask(self) -> tuple[bool, ...]:
         """Which ordering scores order (rules.ordering_mask)."""
         return rules.ordering_mask(self.enforced)
+
+    @cached_property
+    def domain_refusals(self) -> Callable[[Budgeted], tuple[Refusal, ...]]:
+        """What `judge` runs the registry's domain filters through (rules.domain_refusals),
+        remembered per domain and phase state for this View (decider.placement.refusal_memo)
+        unless `memo_refusals` is off."""
+        return refusal_memo.remembered() if self.memo_refusals else rules.domain_refusals
 
     def membership(self, node: str) -> tuple[DomainRef, ...] | None:
         """The node's domains; None when the membership part is missing or the node unknown."""
@@ -186,7 +197,7 @@ class View:
             if override is not None and override.active(self.now) and condition != "unknown":
                 condition = "ok"
         age = self.snapshot.reading_ages.get(ref) if "ages" in self.fresh else None
-        state = DomainState.build(
+        return DomainState.build(
             ref=ref,
             cap=cap,
             margin=facility.margin(ref.kind, ref.name),
@@ -202,10 +213,6 @@ class View:
                 self.snapshot.hot_seconds.get(ref) if "hot" in self.fresh else None,
             ),
         )
-        # The filters that need no estimate, once per domain and View (the registry's:
-        # decider.placement.rules); the answer cache compares them between Views.
-        refusals = rules.domain_refusals(state)
-        return replace(state, refusals=refusals) if refusals else state
 
     @cached_property
     def _nodes(self) -> Layered[NodeState]:
@@ -229,11 +236,7 @@ class View:
         """One phase of a phased pdu, worked out once per view (as `node`)."""
         state = self._phases.get((pdu, phase))
         if state is None:
-            state = phases.phase_state(self, pdu, phase)
-            refusals = rules.domain_refusals(state)  # the filters, on a phase as on a domain
-            if refusals:
-                state = replace(state, refusals=refusals)
-            self._phases[(pdu, phase)] = state
+            state = self._phases[(pdu, phase)] = phases.phase_state(self, pdu, phase)
         return state
 
     @cached_property
@@ -372,7 +375,6 @@ class View:
         fine: list[DomainState] = []
         coarse: list[DomainRef] = []
         condition: Condition = "unknown"
-        refusals: tuple[tuple[str, str], ...] = ()
         room: float | None = None
         rack: DomainState | None = None
         warm: list[DomainState] = []
@@ -386,19 +388,14 @@ class View:
                 coarse.append(ref)
                 continue
             fine.append(domain)
-            if domain.refusals:
-                refusals += domain.refusals
             if domain.room is not None and (room is None or domain.room < room):
                 room = domain.room
             if rack is None and ref.kind == "rack":
                 rack = domain
-        if not refs and self.holds:
-            refusals = self._holds_as_last_known(name)
         node_phases: tuple[PhaseState, ...] = ()
         if refs and self.phased_pdus:
             node_phases = tuple(self.phase(*key) for key in phases.phases_of(self, name, refs))
             for phase in node_phases:
-                refusals += phase.refusals
                 if room is None or phase.room < room:
                     room = phase.room
         return NodeState(
@@ -407,7 +404,6 @@ class View:
             coarse=tuple(coarse),
             domains=tuple(fine),
             condition=condition,
-            refusals=refusals,
             room=room,
             rack=rack,
             gpus=self.snapshot.node_gpus.get(name) if "gpus" in self.fresh else None,
@@ -417,21 +413,18 @@ class View:
             reserved_gpus=self.reserved_gpus.get(name, 0),
             cpu_models=self.snapshot.cpu_models.get(name, ()) if "cpus" in self.fresh else (),
             warm_evidence=condition_score.explain(warm) if condition == "warm" else (),
+            last_known_holds=self._last_known_holds(name) if not refs and self.holds else (),
         )
 
-    def _holds_as_last_known(self, name: str) -> tuple[tuple[str, str], ...]:
-        """A hold refuses whatever the data (held.py): with no fresh membership, the node's
-        last known domains (the snapshot's, else those its reservations were made in)."""
+    def _last_known_holds(self, name: str) -> tuple[tuple[DomainRef, Hold], ...]:
+        """A hold refuses whatever the data (held.py): with no fresh membership, the holds on
+        the node's last known domains (the snapshot's, else those its reservations were made
+        in), which `judge` has `held` refuse it by."""
         known = set(self.snapshot.membership.get(name, ()))
         for reservation in self.reservations.values():
             if reservation.node == name:
                 known.update(reservation.domains)
-        found = []
-        for ref in sorted(known):
-            hold = self.holds.get(ref)
-            if hold is not None:
-                found.append((held_rule.name, held_rule.refuse_last_known(ref, hold)))
-        return tuple(found)
+        return tuple((ref, self.holds[ref]) for ref in sorted(known) if ref in self.holds)
 
     def all_domains(self, node: NodeState) -> tuple[DomainState, ...]:
         """Every domain of the node, its row, room and site included, as of this view."""
