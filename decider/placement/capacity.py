@@ -1,10 +1,13 @@
 """`GET /v1/headroom`: how many more replicas of a profile fit in each domain, and what binds.
 
 The scheduler's dry run, on a copy: for each domain, its member nodes (by name) take
-replicas one at a time while the node has free GPUs and every domain of the node has power
-room (cap × (1 − margin), less what this dry run already placed) and none of them is hot,
-held or over its cap. Nothing is reserved. The count is `None` (unbounded) when nothing
-limits it: no budget on any of the nodes' domains and no GPU count to exhaust.
+replicas one at a time while the node has free GPUs and the placement rules allow it: no
+domain or phase of the node refused by the filters that need no estimate (held, hot,
+over_cap: rules.domain_refusals, as `judge` runs them), and none taken past its limit by
+one more replica (power_cap.exceeds, on the room the View works out, cap × (1 − margin) less
+the load, less what this dry run already placed). Nothing is reserved. The count is `None`
+(unbounded) when nothing limits it: no budget on any of the nodes' domains and no GPU count
+to exhaust.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 
 from decider.facility import PHASES, DomainRef, Profile
 from decider.models import Replica
+from decider.placement import power_cap
 from decider.placement.estimate import estimate
 from decider.placement.view import View
 
@@ -116,7 +120,7 @@ def _fit_domain(view: View, replica: Replica, ref: DomainRef, nodes: list[str]) 
                 binds[f"GPUs: {name} has {max(free_gpus, 0)} free"] += 1
                 break
             tight = min(budgeted, key=lambda entry: rooms[entry[0]], default=None)
-            if tight is not None and rooms[tight[0]] < watts:
+            if tight is not None and power_cap.exceeds(rooms[tight[0]], watts):
                 binds[
                     f"power: {tight[1]} has {_kw_down(max(rooms[tight[0]], 0))} kW left, "
                     f"a replica needs ~{_kw_up(watts)}"

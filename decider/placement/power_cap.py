@@ -20,11 +20,17 @@ reads = frozenset({"cap", "room", "load", "load_basis", "other_watts", "margin"}
 
 
 def refuse(domain: Budgeted, estimate_watts: float) -> str | None:
-    room = domain.room
-    if room is None or domain.cap is None or estimate_watts <= room or domain.load > domain.cap:
+    if domain.cap is None or not exceeds(domain.room, estimate_watts) or domain.load > domain.cap:
         return None
     return (
         f"{domain.label}: {kw(domain.load)} of {kw(domain.cap)} kW "
         f"{domain.load_basis}{other(domain)}, replica needs ~{kw(estimate_watts)}, "
         f"margin {domain.margin * 100:g}%"
     )
+
+
+def exceeds(room: float | None, estimate_watts: float) -> bool:
+    """Whether a replica of `estimate_watts` takes a domain with `room` left under its limit
+    past it (None: no budget, never): the test here and in the headroom dry run
+    (decider.placement.capacity), which asks it of the room its own replicas left."""
+    return room is not None and estimate_watts > room
