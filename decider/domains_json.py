@@ -82,6 +82,7 @@ def phases_json(view: View, ref: DomainRef) -> dict[str, Any]:
                 "limit_watts": state.limit,
                 "other_watts": state.other_watts,
                 "reserved_watts": round(state.reserved, 1),
+                "measured_watts": state.measured,
                 "load_watts": round(state.load, 1),
                 "load_basis": state.load_basis,
                 "room_watts": round(state.room, 1),

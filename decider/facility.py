@@ -603,12 +603,39 @@ class Signal(_Model):
         return promql.bound_age(self.query, self.stale_after)
 
 
+class PhaseSignal(Signal):
+    """A site reading per phase of three-phase pdus (a metered PDU's per-phase active power):
+    `phase_label` is the label of the query's result that holds the phase, `L1`, `L2` or
+    `L3` as the facility file names them (docs/facility.md "Phases"). Only pdus have phases,
+    so its kind is `pdu`."""
+
+    phase_label: LabelName
+
+    @field_validator("kind")
+    @classmethod
+    def _pdus_only(cls, kind: Kind) -> Kind:
+        if kind != "pdu":
+            raise ValueError(f"only a pdu has phases: kind {kind!r} is not pdu")
+        return kind
+
+    @model_validator(mode="after")
+    def _two_labels(self) -> PhaseSignal:
+        if self.phase_label == self.domain_label:
+            raise ValueError(
+                f"phase_label and domain_label are both {self.phase_label!r}: the pdu's name "
+                "and its phase are two labels"
+            )
+        return self
+
+
 class Signals(_Model):
     """The site's own readings; each one configured becomes one recording rule."""
 
     inlet_temp_c: Signal | None = None  # °C: the hottest reading per domain
     power_watts: Signal | None = None  # W: summed per domain
     cooling_alarm: Signal | None = None  # above 0 while a cooling unit is in alarm
+    #: W per phase of a three-phase pdu, summed per pdu and phase (decider.placement.phases)
+    phase_power_watts: PhaseSignal | None = None
 
     def configured(self) -> dict[str, Signal]:
         """The signals the file sets, by key, in the order above."""

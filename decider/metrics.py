@@ -193,7 +193,7 @@ def phase_families(view: View) -> Iterator[GaugeMetricFamily]:
     )
     headroom = GaugeMetricFamily(
         "llmgw_domain_phase_headroom_watts",
-        "Phase cap minus load (reserved plus the phase's other_watts).",
+        "Phase cap minus load (the larger of reserved and measured, plus other_watts).",
         labels=labels,
     )
     for pdu in sorted(view.phased_pdus):

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from decider.facility import KINDS, DomainRef, Kind
+from decider.facility import KINDS, PHASES, DomainRef, Kind
 from decider.giving_way import Pause, no_pause, paced
 from decider.prometheus_reader import QueryError
 from decider.snapshot import EVIDENCE_FIGURES, Condition, Evidence, ProfileFigures
@@ -211,7 +211,9 @@ def parse_part(part: str, samples: list[Sample], dropped: Dropped, pause: Pause 
             if held is None or CONDITION_RANK[condition] > CONDITION_RANK[held]:
                 conditions[domain] = cast(Condition, condition)
         return ConditionsRead(conditions, frozenset(half_written - conditions.keys()))
-    if part in ("measured", "ages", "hot"):
+    if part == "measured":
+        return _measured(samples, dropped)
+    if part in ("ages", "hot"):
         return _per_domain(samples, dropped, CHECKS[part])
     if part == "gpus":
         counts = _per_node(samples, dropped, CHECKS[part])
@@ -309,6 +311,41 @@ def merge_profiles(
         if key not in merged and now - old.read_at <= keep_seconds:
             merged[key] = old
     return merged
+
+
+@dataclass(frozen=True)
+class MeasuredRead:
+    """The measured part as read: each domain's measured power (llmgw_domain_measured_watts),
+    and each phase's of a three-phase pdu where a site signal measures it
+    (llmgw:domain_phase_site_power_watts), by (pdu name, phase)."""
+
+    domains: dict[DomainRef, float]
+    phases: dict[tuple[str, str], float]
+
+
+def _measured(samples: list[Sample], dropped: Dropped) -> MeasuredRead:
+    """Series with a `phase` label are a phase's, the others a domain's. A phase series of
+    another kind than pdu, or whose phase is not L1, L2 or L3, is left out alone; two series
+    of one phase (two rulers) keep the larger."""
+    whole: list[Sample] = []
+    phases: dict[tuple[str, str], float] = {}
+    for sample in samples:
+        if "phase" not in sample.labels:
+            whole.append(sample)
+            continue
+        phase = sample.labels["phase"]
+        if (why := _not_negative(sample.value)) is not None:
+            dropped.add(sample, why)
+        elif phase not in PHASES:
+            dropped.add(sample, f"phase {phase!r} is not one of {', '.join(PHASES)}")
+        elif (domain := _domain(sample, dropped)) is None:
+            continue
+        elif domain.kind != "pdu":
+            dropped.add(sample, f"a {domain.kind} has no phases: only a pdu has")
+        else:
+            key = (domain.name, phase)
+            phases[key] = max(sample.value, phases.get(key, sample.value))
+    return MeasuredRead(_per_domain(whole, dropped, CHECKS["measured"]), phases)
 
 
 @dataclass(frozen=True)

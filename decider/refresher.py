@@ -37,6 +37,7 @@ from decider.giving_way import GIVE_WAY_SHARE, Pause, no_pause
 from decider.prometheus_parse import (
     ConditionsRead,
     Dropped,
+    MeasuredRead,
     merge_profiles,
     parse_part,
     read_samples,
@@ -68,7 +69,10 @@ MAX_QUERY_CHARS = 100
 QUERIES: dict[str, str] = {
     "membership": "last_over_time(llmgw:node_domain:membership[{window}])",
     "inventory": "last_over_time(llmgw_domain_info[{window}])",
-    "measured": "last_over_time(llmgw_domain_measured_watts[{window}])",
+    # Each domain's, and each phase's of a three-phase pdu that a site signal measures
+    # (rendered site rules): its `phase` label tells it apart (decider.prometheus_parse).
+    "measured": "last_over_time(llmgw_domain_measured_watts[{window}]) or "
+    "last_over_time(llmgw:domain_phase_site_power_watts[{window}])",
     # Each domain's condition at 1; a domain with none at 1 (its state set read half written,
     # docs/rules.md) comes back as one series without a `condition` label. A plain `or` of
     # disjoint sets: VictoriaMetrics 1.79 answers `… or on (kind, domain) max by (…) (…)` with
@@ -218,7 +222,9 @@ def _previous_data(previous: Snapshot, part: str) -> Any:
     return {
         "membership": previous.membership,
         "inventory": previous.domains,
-        "measured": previous.measured_watts,
+        "measured": MeasuredRead(
+            dict(previous.measured_watts), dict(previous.phase_measured_watts)
+        ),
         "conditions": previous.conditions,
         "ages": previous.reading_ages,
         "gpus": previous.node_gpus,
@@ -330,7 +336,8 @@ def refresh(
     return Snapshot(
         membership=MappingProxyType(dict(membership)),
         domains=frozenset(data["inventory"]) | members,
-        measured_watts=MappingProxyType(dict(data["measured"])),
+        measured_watts=MappingProxyType(dict(data["measured"].domains)),
+        phase_measured_watts=MappingProxyType(dict(data["measured"].phases)),
         conditions=MappingProxyType(dict(data["conditions"])),
         reading_ages=MappingProxyType(dict(data["ages"])),
         node_gpus=MappingProxyType(dict(data["gpus"])),

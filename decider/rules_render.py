@@ -9,9 +9,11 @@ One rule group, `llmgw-site.rules`, evaluated every 30 s like the conditions it 
   | `inlet_temp_c` | `llmgw:domain_site_inlet_temperature_celsius` | `max`: the hottest reading |
   | `power_watts` | `llmgw:domain_site_power_watts` | `sum`: every meter of the domain |
   | `cooling_alarm` | `llmgw:domain_cooling_alarm` | 1 while any reading is above 0, else 0 |
+  | `phase_power_watts` | `llmgw:domain_phase_site_power_watts` | `sum` per pdu and phase |
 
   The query's `domain_label` becomes `domain` (`label_replace`), `kind` is set by the rule's
-  `labels:`, and a series whose `domain_label` is empty or missing is dropped. With
+  `labels:`, and a series whose `domain_label` is empty or missing is dropped; the phase
+  signal's `phase_label` becomes `phase` likewise (a series without one is dropped). With
   `stale_after`, every instant selector of the query reads only samples that recent
   (`decider.promql.bound_age`); without it, Prometheus' own staleness applies.
 - `llmgw:domain_declared:info` = 1 for every declared domain;
@@ -42,7 +44,7 @@ import jinja2
 import yaml
 
 from decider import promql
-from decider.facility import THRESHOLD_LABELS, Facility, Signal
+from decider.facility import THRESHOLD_LABELS, Facility, PhaseSignal, Signal
 from llmgw_common.yamlfile import load_text
 
 GROUP = "llmgw-site.rules"
@@ -64,7 +66,10 @@ SIGNAL_SERIES: dict[str, SignalSeries] = {
     "inlet_temp_c": SignalSeries("llmgw:domain_site_inlet_temperature_celsius", "max"),
     "power_watts": SignalSeries("llmgw:domain_site_power_watts", "sum"),
     "cooling_alarm": SignalSeries("llmgw:domain_cooling_alarm", "max", alarm=True),
+    "phase_power_watts": SignalSeries("llmgw:domain_phase_site_power_watts", "sum"),
 }
+#: The label a phase signal's series carry the phase in (L1, L2, L3), as the decider reads it.
+PHASE_LABEL = "phase"
 DECLARED = "llmgw:domain_declared:info"
 OVERRIDE = "llmgw:domain_threshold_override:value"
 DEFAULT = "llmgw:threshold_default:value"
@@ -109,21 +114,49 @@ def _tidy(query: str, indent: str) -> str:
 
 def signal_expr(signal: Signal, series: SignalSeries) -> str:
     """The PromQL of one signal's rule (see the module docstring)."""
-    query = _tidy(signal.bounded_query(), "    ")
     compare = " > bool 0" if series.alarm else ""
+    if not isinstance(signal, PhaseSignal):
+        query = _tidy(signal.bounded_query(), "    ")
+        return (
+            f"{series.aggregation} by (domain) (\n"
+            f"  label_replace(\n"
+            f"    {query},\n"
+            f'    "domain", "$1", {json.dumps(signal.domain_label)}, "(.*)"\n'
+            f"  )\n"
+            f"){compare}\n"
+            f"unless on (domain) vector(1)"
+        )
+    # Per pdu and phase: the phase's label copied to `phase` as well (left as it is where the
+    # query already calls it that), and a series without either dropped.
+    copies = [("domain", signal.domain_label)]
+    if signal.phase_label != PHASE_LABEL:
+        copies.append((PHASE_LABEL, signal.phase_label))
+    inner = _tidy(signal.bounded_query(), "  " * (len(copies) + 1))
+    for depth in range(len(copies), 0, -1):  # the innermost copy first
+        target, source = copies[depth - 1]
+        pad = "  " * depth
+        inner = (
+            f"label_replace(\n"
+            f"{pad}  {inner},\n"
+            f'{pad}  {json.dumps(target)}, "$1", {json.dumps(source)}, "(.*)"\n'
+            f"{pad})"
+        )
     return (
-        f"{series.aggregation} by (domain) (\n"
-        f"  label_replace(\n"
-        f"    {query},\n"
-        f'    "domain", "$1", {json.dumps(signal.domain_label)}, "(.*)"\n'
-        f"  )\n"
+        f"{series.aggregation} by (domain, {PHASE_LABEL}) (\n"
+        f"  {inner}\n"
         f"){compare}\n"
-        f"unless on (domain) vector(1)"
+        f"unless on (domain) vector(1)\n"
+        f"unless on ({PHASE_LABEL}) vector(1)"
     )
 
 
 def _signal_comment(name: str, signal: Signal) -> list[str]:
     lines = [f"signals.{name}: per {signal.kind}, from label {signal.domain_label!r}:"]
+    if isinstance(signal, PhaseSignal):
+        lines[0] = (
+            f"signals.{name}: per {signal.kind} and phase, from labels "
+            f"{signal.domain_label!r} and {signal.phase_label!r}:"
+        )
     lines += [f"  {line}" for line in signal.query.strip().splitlines()]
     if signal.stale_after is None:
         lines.append("no stale_after: Prometheus' staleness (a scrape failure, 5m lookback)")

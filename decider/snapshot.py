@@ -22,7 +22,8 @@ Condition = Literal["ok", "warm", "hot", "unknown"]
 PARTS: dict[str, str] = {
     "membership": "which domains each node belongs to (llmgw:node_domain:membership)",
     "inventory": "the known domains (llmgw_domain_info)",
-    "measured": "domain measured power (llmgw_domain_measured_watts)",
+    "measured": "domain measured power (llmgw_domain_measured_watts), and three-phase pdus' "
+    "per phase where a site signal measures it (llmgw:domain_phase_site_power_watts)",
     "conditions": "domain conditions (llmgw_domain_condition)",
     "ages": "domain reading ages (llmgw_domain_reading_age_seconds)",
     "gpus": "each node's GPU count (llmgw:node_gpus:count)",
@@ -112,6 +113,8 @@ class Snapshot:
     - `membership`: node → its domains (rack, pdus, row, room, site), sorted.
     - `domains`: the known domains (inventory and every domain a node belongs to).
     - `measured_watts`, `conditions`, `reading_ages`: per domain, only where read.
+    - `phase_measured_watts`: per (pdu name, phase) of a three-phase pdu, where a site signal
+      measures the phase (read with `measured_watts`, the same part).
     - `node_gpus`: physical GPUs per node; `gpu_limit_watts`: the node's largest enforced
       GPU power limit.
     - `profiles`: (model, profile) → its measured figures, fresh or remembered.
@@ -124,6 +127,7 @@ class Snapshot:
     membership: Mapping[str, tuple[DomainRef, ...]] = field(default_factory=_empty)
     domains: frozenset[DomainRef] = frozenset()
     measured_watts: Mapping[DomainRef, float] = field(default_factory=_empty)
+    phase_measured_watts: Mapping[tuple[str, str], float] = field(default_factory=_empty)
     conditions: Mapping[DomainRef, Condition] = field(default_factory=_empty)
     reading_ages: Mapping[DomainRef, float] = field(default_factory=_empty)
     node_gpus: Mapping[str, int] = field(default_factory=_empty)

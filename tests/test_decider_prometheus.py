@@ -588,6 +588,39 @@ def test_one_bad_series_costs_its_own_domain_or_node_alone(fake, reader):
     assert named == [PARTS[name] for name in ("membership", "measured", "gpus", "limits")]
 
 
+def test_phase_readings_come_with_the_measured_part_and_a_bad_one_costs_itself(fake, reader):
+    """The measured query reads each domain's power and each phase's of a three-phase pdu
+    (the series with a `phase` label); a phase reading on something not a pdu, of a phase
+    that is not L1-L3, or negative is left out alone and named."""
+    baseline = good_baseline(fake, reader)
+    answers = good_answers(watts=6100.0)
+    answers[SERIES["measured"]] = vector(
+        ({"kind": "rack", "domain": "r1"}, "6100"),
+        ({"kind": "pdu", "domain": "r1-a", "phase": "L1"}, "415"),
+        ({"kind": "pdu", "domain": "r1-a", "phase": "L3"}, "848"),
+        ({"kind": "pdu", "domain": "r1-b", "phase": "L2"}, "-1"),
+        ({"kind": "pdu", "domain": "r1-b", "phase": "AA:L1-L2"}, "415"),
+        ({"kind": "rack", "domain": "r1", "phase": "L1"}, "100"),
+    )
+    fake.answer(answers)
+
+    snapshot = refresh(baseline, reader, WINDOW_S, T0 + 60)
+
+    assert snapshot.measured_watts == {rack("r1"): 6100.0}
+    assert snapshot.phase_measured_watts == {("r1-a", "L1"): 415.0, ("r1-a", "L3"): 848.0}
+    measured = snapshot.parts["measured"].left_out or ""
+    assert measured.startswith("left out 3 bad series: "), measured
+    assert "-1 is negative" in measured
+    assert "phase 'AA:L1-L2' is not one of L1, L2, L3" in measured
+    assert "a rack has no phases: only a pdu has" in measured
+
+    # The part failing keeps its phases with its domains, to age together.
+    fake.answer({**answers, SERIES["measured"]: json_reply(error_body("internal", "x"), 500)})
+    kept = refresh(snapshot, reader, WINDOW_S, T0 + 90)
+    assert kept.phase_measured_watts == snapshot.phase_measured_watts
+    assert kept.parts["measured"].read_at == T0 + 60
+
+
 def half_written(*domains: DomainRef, whole: Mapping[DomainRef, str] | None = None) -> Reply:
     """A conditions answer as the query gives it: a domain at none of its conditions at 1
     (its state set read half written) as one series without a `condition` label."""
@@ -845,6 +878,9 @@ def exposition(stale_ms: int) -> bytes:
         'llmgw_domain_info{kind="rack",domain="r2"} 1',
         'llmgw_domain_measured_watts{kind="rack",domain="r1"} 5400',
         'llmgw_domain_measured_watts{kind="pdu",domain="r1-a"} 3000.5',
+        # a three-phase pdu's phases, from the site's rendered phase signal
+        'llmgw:domain_phase_site_power_watts{kind="pdu",domain="r1-a",phase="L1"} 415',
+        'llmgw:domain_phase_site_power_watts{kind="pdu",domain="r1-a",phase="L3"} 848',
         'llmgw_domain_reading_age_seconds{kind="rack",domain="r1"} 3.5',
         'llmgw:node_gpus:count{node="n1"} 8',
         'llmgw:node_gpus:count{node="n2"} 4',
@@ -941,6 +977,7 @@ def test_the_refresher_reads_a_real_server(engine: Server):
     }
     assert snapshot.domains == {rack("r1"), rack("r2"), pdu("r1-a"), pdu("r1-b")}
     assert snapshot.measured_watts == {rack("r1"): 5400.0, pdu("r1-a"): 3000.5}
+    assert snapshot.phase_measured_watts == {("r1-a", "L1"): 415.0, ("r1-a", "L3"): 848.0}
     assert snapshot.conditions == {rack("r1"): "warm", rack("r2"): "unknown", pdu("r1-a"): "hot"}
     assert snapshot.reading_ages == {rack("r1"): 3.5}
     assert snapshot.node_gpus == {"n1": 8, "n2": 4}  # not n9: its sample is too old

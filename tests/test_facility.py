@@ -178,6 +178,61 @@ def test_a_signal_on_a_label_that_is_no_kind_needs_one(tmp_path):
     assert ":2: signals.power_watts.kind: Input should be 'site', 'room'" in message
 
 
+PHASE_QUERY = (
+    "sum by (pdu, phase) (label_replace(st4PhaseActivePower, 'phase', 'L$1', "
+    "'st4PhaseLabel', '(?:.*:)?L([123])(?:-L[123])?'))"
+)
+
+
+def test_a_phase_signal_names_its_pdu_and_phase_labels(tmp_path):
+    facility = load(
+        tmp_path,
+        "signals:\n  phase_power_watts:\n"
+        f'    query: "{PHASE_QUERY}"\n'
+        "    domain_label: pdu\n    phase_label: phase\n    stale_after: 1m\nmode: observe\n",
+    )
+    signal = facility.signals.phase_power_watts
+    assert (signal.kind, signal.domain_label, signal.phase_label) == ("pdu", "pdu", "phase")
+    assert signal.stale_after == 60
+    assert list(facility.signals.configured()) == ["phase_power_watts"]
+
+
+@pytest.mark.parametrize(
+    ("signal", "reason"),
+    [
+        (
+            "{query: w, domain_label: rack, phase_label: phase}",
+            ":2: signals.phase_power_watts.kind: Value error, only a pdu has phases: kind "
+            "'rack' is not pdu",
+        ),
+        (
+            "{query: w, domain_label: pdu_name, kind: row, phase_label: phase}",
+            ":2: signals.phase_power_watts.kind: Value error, only a pdu has phases",
+        ),
+        (
+            "{query: w, domain_label: pdu}",
+            ":2: signals.phase_power_watts.phase_label: Field required",
+        ),
+        (
+            "{query: w, domain_label: pdu, phase_label: pdu}",
+            ":2: signals.phase_power_watts: Value error, phase_label and domain_label are both "
+            "'pdu'",
+        ),
+        (
+            "{query: w, domain_label: pdu, phase_label: 'st4 phase'}",
+            ":2: signals.phase_power_watts.phase_label: Value error, 'st4 phase' is not a "
+            "Prometheus label name",
+        ),
+        (
+            "{query: 'sum by (pdu, phase) (w', domain_label: pdu, phase_label: phase}",
+            ":2: signals.phase_power_watts.query: Value error, '(' at character 21 is never closed",
+        ),
+    ],
+)
+def test_a_phase_signal_is_checked(tmp_path, signal, reason):
+    assert reason in refusal(tmp_path, f"signals:\n  phase_power_watts: {signal}\nmode: observe\n")
+
+
 def test_a_stale_after_shorter_than_a_second_is_refused(tmp_path):
     message = refusal(
         tmp_path, "signals:\n  inlet_temp_c: {query: t, domain_label: rack, stale_after: 500ms}\n"

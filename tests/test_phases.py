@@ -221,6 +221,150 @@ def test_released_and_settled_phase_figures_match_a_view_from_scratch(make_site:
     }
 
 
+# --- measured phases (signals.phase_power_watts) ----------------------------------------------
+
+PHASE_SIGNAL = {
+    "phase_power_watts": {
+        "query": "sum by (pdu, phase) (st4PhaseActivePower)",
+        "domain_label": "pdu",
+        "phase_label": "phase",
+    }
+}
+
+
+def measured_site(
+    make_site: Any,
+    phase_watts: dict[tuple[str, str], float],
+    *,
+    domains: dict[str, Any] | None = None,
+    signals: dict[str, Any] | None = None,
+    read_at: dict[str, float | None] | None = None,
+    reserved: dict[str, float] | None = None,
+) -> Site:
+    """PHASED, with the phase signal configured, `phase_watts` read for the phases and
+    `reserved` watts reserved on nodes."""
+    facility = make_facility(
+        domains or PHASED_DOMAINS,
+        defaults={"margin": 0.1, "derating": 0.8},
+        nodes=PHASED_NODES,
+        signals=PHASE_SIGNAL if signals is None else signals,
+    )
+    snapshot = dataclasses.replace(
+        make_snapshot(MEMBERS, gpus=dict.fromkeys(MEMBERS, 8), read_at=read_at),
+        phase_measured_watts=phase_watts,
+    )
+    reservations = [
+        stored(f"r-{node}", node, watts, MEMBERS[node]) for node, watts in (reserved or {}).items()
+    ]
+    return make_site(facility, snapshot, reservations=reservations)
+
+
+def test_a_measured_phase_loads_by_the_larger_of_reserved_and_measured(make_site: Any) -> None:
+    # L1 measured 3 000 with 1 000 reserved; L2 measured 500 with 1 000 reserved (n2).
+    site = measured_site(
+        make_site,
+        {("p1", "L1"): 3_000, ("p1", "L2"): 500, ("p1", "L3"): 200},
+        reserved={"n1": 1_000, "n2": 1_000},
+    )
+    view = site.view()
+    l1, l2, l3 = (view.phase("p1", phase) for phase in PHASES)
+    assert (l1.reserved, l1.measured, l1.load, l1.load_basis) == (1_000, 3_000, 3_000, "measured")
+    assert (l2.reserved, l2.measured, l2.load, l2.load_basis) == (1_000, 500, 1_000, "reserved")
+    # L3: measured 200 against nothing reserved, plus its other_watts 500.
+    assert (l3.load, l3.load_basis) == (700, "measured")
+    assert l1.room == 600  # limit 3 600 − measured 3 000
+    # 800 W fits L1 by its reservations (2 600 left) but not by what it draws (600 left).
+    refused = "pdu p1 phase L1: 3.0 of 4.0 kW measured, replica needs ~0.8, margin 10%"
+    assert site.node_json(replica(power_watts=800), "n1")["reasons"] == [refused]
+    assert site.node_json(replica(power_watts=600), "n1")["reasons"] == []
+    # The pdu's own total is its own reading (none here), its reservations otherwise.
+    assert view.domain(ref("pdu/p1")).load_basis == "reserved"
+
+
+def test_a_phase_measured_over_its_cap_refuses_any_replica(make_site: Any) -> None:
+    site = measured_site(make_site, {("p1", "L1"): 4_200, ("p1", "L2"): 0, ("p1", "L3"): 0})
+    over = "pdu p1 phase L1: over its cap, 4.2 of 4.0 kW measured"
+    assert site.node_json(replica(power_watts=1), "n1")["reasons"] == [over]
+    assert site.node_json(replica(power_watts=1), "n2")["reasons"] == []
+
+
+def test_a_phase_without_a_fresh_reading_counts_its_reservations_and_says_so(
+    make_site: Any,
+) -> None:
+    # L3 not read; then the whole measured part stale: reservations only, nothing refused
+    # for the missing data, and `missing` names the phases.
+    site = measured_site(make_site, {("p1", "L1"): 3_000, ("p1", "L2"): 100})
+    view = site.view()
+    assert view.phase("p1", "L3").measured is None
+    assert view.phase("p1", "L3").load_basis == "reserved"
+    missing = site.answer(replica(power_watts=1), ["n1"])["missing"]
+    assert (
+        "no fresh measured power for pdu phase p1 L3 (signals.phase_power_watts): their "
+        "load counts what is reserved"
+    ) in missing
+    stale = measured_site(
+        make_site,
+        {("p1", "L1"): 3_000, ("p1", "L2"): 100, ("p1", "L3"): 0},
+        read_at={"measured": NOW - 3_600},
+    )
+    assert [stale.view().phase("p1", phase).measured for phase in PHASES] == [None] * 3
+    answer = stale.answer(replica(power_watts=800), ["n1"])
+    assert answer["order"] == ["n1"]  # 800 fits L1's reservations: nothing refused for lack
+    # The part itself is named stale, the phases' readings with it.
+    assert any(
+        line.startswith("domain measured power (llmgw_domain_measured_watts), and three-phase")
+        and "older than its" in line
+        for line in answer["missing"]
+    ), answer["missing"]
+
+
+def test_phase_readings_without_the_signal_are_still_used_and_none_missing_said(
+    make_site: Any,
+) -> None:
+    # No signals.phase_power_watts in this file (the rules rendered from another): what
+    # Prometheus has is used, and nothing is said missing for phases no signal measures.
+    site = measured_site(make_site, {("p1", "L1"): 3_000}, signals={})
+    assert site.view().phase("p1", "L1").load_basis == "measured"
+    missing = site.answer(replica(power_watts=1), ["n1"])["missing"]
+    assert not any("pdu phase" in line for line in missing)
+
+
+def test_a_phase_meter_that_includes_other_watts_counts_them_once(make_site: Any) -> None:
+    # L3 carries the switch (other_watts 500) and the PDU's meter reads it: 2 500 on the
+    # meter is 2 000 of the nodes' and 500 of the switch's, a load of 2 500, not 3 000.
+    domains = {
+        **PHASED_DOMAINS,
+        "pdu/p1": {**PHASED_DOMAINS["pdu/p1"], "measured_includes_other": True},
+    }
+    signals = {
+        **PHASE_SIGNAL,
+        "power_watts": {"query": "sum by (pdu) (st4InputCordActivePower)", "domain_label": "pdu"},
+    }
+    site = measured_site(
+        make_site,
+        {("p1", "L1"): 2_500, ("p1", "L3"): 2_500},
+        domains=domains,
+        signals=signals,
+    )
+    view = site.view()
+    l1, l3 = view.phase("p1", "L1"), view.phase("p1", "L3")
+    assert (l1.measured, l1.load) == (2_500, 2_500)  # L1 sets no other_watts: 0 there
+    assert (l3.measured, l3.other_watts, l3.load) == (2_000, 500, 2_500)
+
+
+def test_measured_phases_settle_like_a_view_from_scratch(make_site: Any) -> None:
+    site = measured_site(make_site, {("p1", "L1"): 1_500, ("p1", "L2"): 2_000, ("p1", "L3"): 0})
+    made = [site.reserve(node, replica(power_watts=900)) for node in ("n1", "n1", "n2", "n4")]
+    assert all(outcome.created for outcome in made)
+    assert site.state.release(made[0].reservation.id)  # type: ignore[union-attr]
+    settled = site.view()
+    scratch = from_scratch(settled)
+    for phase in PHASES:
+        assert settled.phase("p1", phase) == scratch.phase("p1", phase)
+    # L1: n1 900 + n4 900 = 1 800 reserved over 1 500 measured; L2: 2 000 measured.
+    assert [settled.phase("p1", p).load_basis for p in ("L1", "L2")] == ["reserved", "measured"]
+
+
 # --- headroom ---------------------------------------------------------------------------------
 
 
@@ -625,6 +769,7 @@ def test_the_api_shows_each_phase(service: Decider) -> None:
             "limit_watts": 3_600,
             "other_watts": 0,
             "reserved_watts": 0,
+            "measured_watts": None,
             "load_watts": 0,
             "load_basis": "reserved",
             "room_watts": 3_600,
@@ -637,6 +782,7 @@ def test_the_api_shows_each_phase(service: Decider) -> None:
             "limit_watts": 4_140,
             "other_watts": 0,
             "reserved_watts": 4_100,
+            "measured_watts": None,
             "load_watts": 4_100,
             "load_basis": "reserved",
             "room_watts": 40,
@@ -649,6 +795,7 @@ def test_the_api_shows_each_phase(service: Decider) -> None:
             "limit_watts": 3_600,
             "other_watts": 500,
             "reserved_watts": 0,
+            "measured_watts": None,
             "load_watts": 500,
             "load_basis": "reserved",
             "room_watts": 3_100,

@@ -316,6 +316,94 @@ def test_the_rendered_rules_evaluate_as_the_contract_says(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+PHASE_POWER = "llmgw:domain_phase_site_power_watts"
+#: Sentry4's phases as snmp_exporter's servertech_sentry4 module names them (`AA:L1-L2` on a
+#: delta unit, `AA:L1` on a wye one), mapped to the facility file's L1-L3 in the query; the
+#: pdu's name from the scrape config's target label `pdu`.
+PHASE_FACILITY = """mode: observe
+domains:
+  pdu/r1-a:
+    phases: {L1: {rating_watts: 4160}, L2: {rating_watts: 4160}, L3: {rating_watts: 4160}}
+signals:
+  phase_power_watts:
+    query: |
+      sum by (pdu, line) (
+        label_replace(
+          st4PhaseActivePower, "line", "L$1", "st4PhaseLabel", "(?:.*:)?L([123])(?:-L[123])?"
+        )
+      )
+    domain_label: pdu
+    phase_label: line
+    stale_after: 2m
+"""
+
+
+def test_a_phase_signal_renders_one_series_per_pdu_and_phase(tmp_path):
+    """signals.phase_power_watts: per pdu and phase, the query's phase label copied to
+    `phase`; a series with no pdu or no phase dropped, two readings of one phase summed,
+    a reading gone once `stale_after` old."""
+    rendered = render_file(tmp_path, PHASE_FACILITY)
+    promtool_check(rendered)
+    assert f"record: {PHASE_POWER}" in rendered.read_text()
+    watts = "st4PhaseActivePower"
+    test = {
+        "rule_files": [str(rendered)],
+        "evaluation_interval": "30s",
+        "tests": [
+            {
+                "name": "phase power per pdu and phase",
+                "interval": "1m",
+                "input_series": [
+                    {
+                        "series": series(watts, pdu="r1-a", st4PhaseLabel="AA:L1-L2"),
+                        "values": "415x10",
+                    },
+                    {
+                        "series": series(watts, pdu="r1-a", st4PhaseLabel="AA:L2-L3"),
+                        "values": "444x10",
+                    },
+                    # L3 stops reporting after 2m: gone once 2m old
+                    {
+                        "series": series(watts, pdu="r1-a", st4PhaseLabel="AA:L3-L1"),
+                        "values": "848 848 848",
+                    },
+                    # a second cord's L1 on the same pdu adds to it
+                    {
+                        "series": series(watts, pdu="r1-a", st4PhaseLabel="BA:L1"),
+                        "values": "100x10",
+                    },
+                    # a neutral reading maps to no phase; a target with no pdu label maps to none
+                    {"series": series(watts, pdu="r1-a", st4PhaseLabel="AA:N"), "values": "7x10"},
+                    {"series": series(watts, st4PhaseLabel="AA:L1-L2"), "values": "9x10"},
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": PHASE_POWER,
+                        "eval_time": "2m",
+                        "exp_samples": [
+                            sample(PHASE_POWER, 515, kind="pdu", domain="r1-a", phase="L1"),
+                            sample(PHASE_POWER, 444, kind="pdu", domain="r1-a", phase="L2"),
+                            sample(PHASE_POWER, 848, kind="pdu", domain="r1-a", phase="L3"),
+                        ],
+                    },
+                    {
+                        "expr": PHASE_POWER,
+                        "eval_time": "5m",
+                        "exp_samples": [
+                            sample(PHASE_POWER, 515, kind="pdu", domain="r1-a", phase="L1"),
+                            sample(PHASE_POWER, 444, kind="pdu", domain="r1-a", phase="L2"),
+                        ],
+                    },
+                ],
+            }
+        ],
+    }
+    test_file = tmp_path / "phase_test.yml"
+    test_file.write_text(yaml.safe_dump(test, sort_keys=False))
+    result = run(binary("promtool"), "test", "rules", str(test_file))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 KIND_FACILITY = (
     "mode: observe\n"
     "defaults:\n"

@@ -5,10 +5,16 @@ facility file gives a pdu `phases`, every phase is a budget beside the PDU's own
 
 - a phase's cap is its `rating_watts` × the pdu's derating (as a feed's), its limit
   cap × (1 − margin) with the pdu's margin;
-- its load is what is reserved on it plus its `other_watts` (Domain.phase_other_watts).
-  Nothing measures a phase: `llmgw_domain_measured_watts` is per PDU and the PDU's total
-  still counts against the PDU's cap as today; per node there is no reading a phase could
-  be summed from with its reservations kept apart. So a phase's load is reserved only;
+- its load is the larger of what is reserved on it and what is measured on it, plus its
+  `other_watts` (Domain.phase_other_watts), as for any domain (DESIGN.md §5), and
+  `load_basis` says which. The measurement is the site's own, per phase: the facility
+  file's `signals.phase_power_watts` (a metered PDU's per-phase active power, rendered into
+  `llmgw:domain_phase_site_power_watts`, read with the measured part). Per node there is no
+  reading a phase could be summed from, so without that signal, or while its reading is
+  missing or stale, a phase's load is what is reserved, and `missing` says so for a phased
+  pdu the signal is configured for. A pdu whose meter includes its `other_watts`
+  (`measured_includes_other: true`) has each phase's taken off its phase reading, never
+  below 0, so that they count once, as the rules do for the pdu's total;
 - a reservation counts against its node's phase of each phased PDU the node is on
   (`nodes: {NODE: {phases: {PDU: L1}}}`); a node the file gives no phase on a phased PDU
   counts against every phase of it, the safe side, and `missing` says so.
@@ -87,6 +93,20 @@ def reserved_by_phase(view: PhaseView) -> dict[PhaseKey, float]:
     return totals
 
 
+def phase_measured(view: PhaseView, pdu: str, phase: str) -> float | None:
+    """The phase's fresh measured power, less its `other_watts` where the pdu's meter
+    includes them (never below 0); None: no fresh reading."""
+    if "measured" not in view.fresh:
+        return None
+    measured = view.snapshot.phase_measured_watts.get((pdu, phase))
+    if measured is None:
+        return None
+    domain = view.phased_pdus[pdu]
+    if domain.measured_includes_other:
+        measured = max(0.0, measured - domain.phase_other_watts(phase))
+    return measured
+
+
 def phase_state(view: PhaseView, pdu: str, phase: str) -> PhaseState:
     domain = view.phased_pdus[pdu]
     facility = view.facility
@@ -98,6 +118,7 @@ def phase_state(view: PhaseView, pdu: str, phase: str) -> PhaseState:
         margin=facility.margin("pdu", pdu),
         other_watts=domain.phase_other_watts(phase),
         reserved=view.phase_reserved.get((pdu, phase), 0.0),
+        measured=phase_measured(view, pdu, phase),
     )
 
 
@@ -116,15 +137,36 @@ def phase_members(view: PhaseView, pdu: str) -> dict[str | None, list[str]]:
     return found
 
 
-def notes(view: PhaseView) -> list[str]:
-    """For `missing`: the members of phased pdus with no phase in the file (counted against
-    every phase), and phases the file gives a node on a pdu Prometheus does not put it on."""
-    if not view.phased_pdus or "membership" not in view.fresh:
+def unmeasured(view: PhaseView) -> list[str]:
+    """The phases a configured phase signal should measure (every phase of a phased pdu)
+    that have no fresh reading: counted as reserved, which `missing` says."""
+    if view.facility.signals.phase_power_watts is None or not view.phased_pdus:
         return []
+    return [
+        f"{pdu} {phase}"
+        for pdu in view.phased_pdus
+        for phase in PHASES
+        if phase_measured(view, pdu, phase) is None
+    ]
+
+
+def notes(view: PhaseView) -> list[str]:
+    """For `missing`: the phases a phase signal should measure that have no fresh reading,
+    the members of phased pdus with no phase in the file (counted against every phase), and
+    phases the file gives a node on a pdu Prometheus does not put it on."""
+    if not view.phased_pdus:
+        return []
+    found: list[str] = []
+    if "measured" in view.fresh and (missing := unmeasured(view)):
+        found.append(
+            f"no fresh measured power for {some(missing, 'pdu phase')} "
+            "(signals.phase_power_watts): their load counts what is reserved"
+        )
+    if "membership" not in view.fresh:
+        return found
     unphased: list[str] = []
     for pdu in view.phased_pdus:
         unphased += [f"{node} on {pdu}" for node in phase_members(view, pdu).get(None, ())]
-    found = []
     if unphased:
         found.append(
             f"no phase in the facility file for {some(unphased)}: counted against every "

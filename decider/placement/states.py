@@ -101,7 +101,8 @@ class DomainState:
 @dataclass(frozen=True, slots=True)
 class PhaseState:
     """One phase of a three-phase pdu in a view, watts (decider.placement.phases): read by
-    the power rules as a domain is, but reserved only, never held or hot of its own (its
+    the power rules as a domain is, its load the larger of reserved and measured (where a
+    site signal measures the phase) plus `other_watts`, never held or hot of its own (its
     pdu is)."""
 
     pdu: DomainRef
@@ -116,6 +117,7 @@ class PhaseState:
     headroom: float  # under the cap
     load_basis: str = "reserved"
     margin: float = 0.0
+    measured: float | None = None  # None: no fresh phase reading (decider.placement.phases)
     held: Hold | None = None
     evidence: Evidence | None = None  # a phase has no condition of its own (its pdu has)
     condition: Condition = "unknown"
@@ -140,11 +142,13 @@ class PhaseState:
         margin: float,
         other_watts: float,
         reserved: float,
+        measured: float | None = None,
     ) -> PhaseState:
         cap = rating * derating
         limit = limit_watts(cap, margin)
         assert limit is not None  # a phase always has a cap
-        load = reserved + other_watts
+        basis = "measured" if measured is not None and measured > reserved else "reserved"
+        load = max(reserved, measured if measured is not None else 0.0) + other_watts
         return cls(
             pdu=pdu,
             phase=phase,
@@ -156,7 +160,9 @@ class PhaseState:
             load=load,
             room=limit - load,
             headroom=cap - load,
+            load_basis=basis,
             margin=margin,
+            measured=measured,
         )
 
 
