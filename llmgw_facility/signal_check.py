@@ -11,6 +11,10 @@ Every configured signal's query is run as its recording rule runs it (`stale_aft
   domain (no `domain_label`, a value that is no domain name, or a domain the file does not
   declare: each such series is named), or some declared domains have no series.
 
+A signal per phase of three-phase pdus (one with a `phase_label`) maps each series onto a
+declared pdu's phase, `pdu/NAME L1`: a pdu that declares no phases, or a phase it does not
+declare, maps nowhere, and every declared phase of every phased pdu should have a series.
+
 The queries go through the decider's own reader (decider.prometheus_reader): the same
 deadline per query, retries, basic auth or Authorization header from files, TLS. Before any
 signal one probe query (`vector(1)`) tells a Prometheus that cannot be reached or is not
@@ -244,7 +248,8 @@ class SignalReport:
     name: str
     signal: Signal
     series: int = 0
-    domains: set[str] = field(default_factory=set)
+    #: The declared domains (or `pdu/NAME PHASE`) that at least one series maps onto.
+    covered: set[str] = field(default_factory=set)
     #: The query's failure, or an answer that is not one series per domain.
     failure: str | None = None
     #: (series as PromQL writes it, why it maps onto no declared domain)
@@ -274,31 +279,68 @@ def check_signal(
         )
         return report
     report.series = len(result)
-    kind = signal.kind
     for item in result:
         labels = item.get("metric") or {}
-        value = labels.get(signal.domain_label, "")
-        if not value:
-            why = f"no {signal.domain_label} label: the rule drops it"
+        target, why = _target_of(labels, signal, facility)
+        if target is not None:
+            report.covered.add(target)
         else:
-            try:
-                check_name(value, kind)
-            except ValueError as exc:
-                why = f"{kind}/{value} is no domain name: {exc}"
-            else:
-                domain = f"{kind}/{value}"
-                if domain in facility.domains:
-                    report.domains.add(domain)
-                    continue
-                why = f"{domain} is not declared in the facility file"
-        report.unmapped.append((series_text(labels), why))
+            report.unmapped.append((series_text(labels), why))
     report.unmapped.sort()  # Prometheus' order of an aggregation's series is its own
     report.uncovered = [
-        domain
-        for domain in facility.domains
-        if domain.partition("/")[0] == kind and domain not in report.domains
+        target for target in _declared_targets(signal, facility) if target not in report.covered
     ]
     return report
+
+
+def _phase_label(signal: Signal) -> str | None:
+    """The label holding the phase, for a signal per phase of three-phase pdus."""
+    return getattr(signal, "phase_label", None)
+
+
+def _unit(signal: Signal) -> str:
+    """What one series of the signal maps onto: a domain of its kind, or a pdu's phase."""
+    return "pdu phase" if _phase_label(signal) else signal.kind
+
+
+def _target_of(
+    labels: dict[str, str], signal: Signal, facility: Facility
+) -> tuple[str | None, str]:
+    """(the declared domain, or `pdu/NAME PHASE`, the series maps onto; None and why not)."""
+    kind, value = signal.kind, labels.get(signal.domain_label, "")
+    if not value:
+        return None, f"no {signal.domain_label} label: the rule drops it"
+    try:
+        check_name(value, kind)
+    except ValueError as exc:
+        return None, f"{kind}/{value} is no domain name: {exc}"
+    domain = f"{kind}/{value}"
+    declared = facility.domains.get(domain)
+    if declared is None:
+        return None, f"{domain} is not declared in the facility file"
+    phase_label = _phase_label(signal)
+    if phase_label is None:
+        return domain, ""
+    phase = labels.get(phase_label, "")
+    if not declared.phases:
+        return None, f"{domain} declares no phases"
+    if phase not in declared.phases:
+        shown = f"phase {phase!r}" if phase else f"no {phase_label} label"
+        return None, f"{shown}: not one of {domain}'s phases ({', '.join(declared.phases)})"
+    return f"{domain} {phase}", ""
+
+
+def _declared_targets(signal: Signal, facility: Facility) -> list[str]:
+    """What the signal should cover: the declared domains of its kind, or every phase of
+    the declared pdus that have phases."""
+    of_kind = {
+        key: domain
+        for key, domain in facility.domains.items()
+        if key.partition("/")[0] == signal.kind
+    }
+    if _phase_label(signal) is None:
+        return list(of_kind)
+    return [f"{key} {phase}" for key, domain in of_kind.items() for phase in domain.phases]
 
 
 def series_text(labels: dict[str, str]) -> str:
@@ -314,12 +356,12 @@ def describe(source: Path, report: SignalReport) -> tuple[bool, list[str]]:
     """(ok, lines) of one signal's report: one line when ok, else a line and its details."""
     signal = report.signal
     head = f"{source}: signals.{report.name}"
-    kinds = f"{signal.kind}s"
+    unit = _unit(signal)
     if report.ok:
         return True, [
             f"{head}: ok: {report.series} series onto "
-            f"{_count(len(report.domains), 'declared ' + signal.kind)} "
-            f"({', '.join(sorted(report.domains))})"
+            f"{_count(len(report.covered), 'declared ' + unit)} "
+            f"({', '.join(sorted(report.covered))})"
         ]
     query = " ".join(signal.bounded_query().split())
     if report.failure is not None:
@@ -331,9 +373,9 @@ def describe(source: Path, report: SignalReport) -> tuple[bool, list[str]]:
             f"  query: {query}",
         ]
     lines = [
-        f"{head}: does not map onto the declared {kinds}: {report.series} series, "
+        f"{head}: does not map onto the declared {unit}s: {report.series} series, "
         f"{len(report.unmapped)} onto none of them; "
-        f"{_count(len(report.uncovered), 'declared ' + signal.kind)} with no series"
+        f"{_count(len(report.uncovered), 'declared ' + unit)} with no series"
     ]
     for text, why in report.unmapped[:MAX_NAMED]:
         lines.append(f"  series {text}: {why}")

@@ -21,7 +21,11 @@ from pathlib import Path
 import pytest
 import requests
 
+from decider import facility as facility_file
+from decider.facility import Signal
+from decider.prometheus_reader import PrometheusReader
 from llmgw_facility.cli import main
+from llmgw_facility.signal_check import check_signal, describe
 from tests.promstack import free_port, metrics_target, prometheus
 
 #: Generous for two busy cores: Prometheus scrapes every second.
@@ -36,6 +40,11 @@ dcim_rack_inlet_temperature_celsius{rack="r2",sensor="top"} 25
 crac_alarm{cabinet_row="12",unit="crac-1"} 0
 crac_alarm{cabinet_row="hall-z",unit="crac-9"} 1
 crac_alarm{unit="crac-spare"} 0
+# TYPE pdu_phase_power_watts gauge
+pdu_phase_power_watts{pdu="p1",phase="L1"} 2100
+pdu_phase_power_watts{pdu="p1",phase="L2"} 1900
+pdu_phase_power_watts{pdu="p1",phase="L4"} 5
+pdu_phase_power_watts{pdu="p2",phase="L1"} 800
 """
 
 FACILITY = """\
@@ -70,13 +79,16 @@ def prometheus_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         prometheus(workdir, rule_files=[], scrape_targets={"site": [target]}) as server,
     ):
         deadline = time.monotonic() + SCRAPED_WITHIN_S
-        query = "count(dcim_rack_inlet_temperature_celsius) + count(crac_alarm)"
+        query = (
+            "count(dcim_rack_inlet_temperature_celsius) + count(crac_alarm) "
+            "+ count(pdu_phase_power_watts)"
+        )
         while True:
             answer = requests.get(
                 f"{server.url}/api/v1/query", params={"query": query}, timeout=5
             ).json()
             result = answer["data"]["result"]
-            if result and result[0]["value"][1] == "6":
+            if result and result[0]["value"][1] == "10":
                 break
             if time.monotonic() > deadline:
                 pytest.fail(f"Prometheus has not scraped the page in {SCRAPED_WITHIN_S:.0f} s")
@@ -228,3 +240,46 @@ def test_a_refused_facility_file_exits_2_and_no_signal_is_run(capsys, tmp_path):
     code, out, err = run(capsys, "--facility", str(facility), "--prometheus", url)
     assert (code, out) == (2, [])
     assert len(err) == 1 and err[0].startswith(f"{facility}:1: mode: Input should be ")
+
+
+PHASED = """\
+mode: observe
+domains:
+  pdu/p1: {cap_watts: 13840, phases: {L1: {rating_watts: 8500}, L2: {rating_watts: 8500}, L3: {rating_watts: 8500}}}
+  pdu/p2: {cap_watts: 13840}
+"""  # noqa: E501
+
+
+class PerPhaseSignal(Signal):
+    """A signal per phase of three-phase pdus: the shape the check reads, a `phase_label`
+    beside `domain_label` (the facility file's per-phase signal has it)."""
+
+    phase_label: str
+
+
+@pytest.mark.servers
+def test_a_signal_per_phase_maps_onto_the_declared_phases_of_each_pdu(prometheus_url, tmp_path):
+    facility_path = write(tmp_path, "facility.yaml", PHASED)
+    facility = facility_file.load(facility_path)
+    signal = PerPhaseSignal(
+        query="sum by (pdu, phase) (pdu_phase_power_watts)",
+        domain_label="pdu",
+        kind="pdu",
+        phase_label="phase",
+    )
+    reader = PrometheusReader(prometheus_url, timeout=10.0, retries=0)
+    try:
+        report = check_signal(reader, facility, "phase_power_watts", signal)
+    finally:
+        reader.close()
+    assert report.covered == {"pdu/p1 L1", "pdu/p1 L2"}
+    ok, lines = describe(facility_path, report)
+    assert not ok
+    assert lines == [
+        f"{facility_path}: signals.phase_power_watts: does not map onto the declared pdu "
+        "phases: 4 series, 2 onto none of them; 1 declared pdu phase with no series",
+        '  series {pdu="p1", phase="L4"}: phase \'L4\': not one of pdu/p1\'s phases (L1, L2, L3)',
+        '  series {pdu="p2", phase="L1"}: pdu/p2 declares no phases',
+        "  declared, no series: pdu/p1 L3",
+        "  query: sum by (pdu, phase) (pdu_phase_power_watts)",
+    ]
