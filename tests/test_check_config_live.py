@@ -234,6 +234,17 @@ def test_unusable_options_exit_2_before_any_query(capsys, tmp_path, argv, messag
     assert (code, out, err) == (2, [], [message])
 
 
+def test_no_facility_file_to_take_signals_from_exits_2(capsys):
+    agent = Path(__file__).resolve().parent.parent / "examples" / "agent.yaml"
+    code, out, err = run(capsys, "--agent", str(agent), "--prometheus", "http://127.0.0.1:9")
+    assert code == 2
+    assert out[0].startswith(f"{agent}: ok (")
+    assert err == [
+        "check-config --prometheus: no facility file to take signals from: give --facility "
+        "facility.yaml or --decider-config decider.yaml"
+    ]
+
+
 def test_a_refused_facility_file_exits_2_and_no_signal_is_run(capsys, tmp_path):
     facility = write(tmp_path, "facility.yaml", "mode: enforced\n")
     url = f"http://127.0.0.1:{free_port()}"  # never asked: nothing to check
