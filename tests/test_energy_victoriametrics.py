@@ -30,6 +30,8 @@ from tests.promstack import binary, victoria_metrics, vmalert
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "rules" / "energy.yml"
+#: The sums per model (the domain layer), which read the units' figures of RULES.
+MODEL_RULES = ROOT / "rules" / "energy_models.yml"
 PROMTOOL_TEST = ROOT / "tests" / "rules" / "energy_test.yml"
 STEP_S = 30
 
@@ -93,18 +95,23 @@ def import_inputs(vm_url: str, scenario: dict, start: int) -> None:
 
 
 def replay(vm_url: str, workdir: Path, start: int, end: int) -> None:
-    """vmalert -replay of rules/energy.yml from `start` to `end`: rules in dependency
-    order, VictoriaMetrics flushed between steps, so each rule reads every sample the
-    rules it reads wrote (vmalert's -replay.rulesDelay is a guess at how long storage
-    takes; a flush is a fact)."""
+    """vmalert -replay of rules/energy.yml and rules/energy_models.yml from `start` to
+    `end`: rules in dependency order, VictoriaMetrics flushed between steps, so each rule
+    reads every sample the rules it reads wrote (vmalert's -replay.rulesDelay is a guess at
+    how long storage takes; a flush is a fact). Every 30 s, as promtool evaluates them
+    (the groups run every minute in production)."""
 
     def iso(seconds: int) -> str:
         return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     group = yaml.safe_load(RULES.read_text())["groups"][0]
-    for index, rules in enumerate(dependency_steps(group["rules"])):
+    models = yaml.safe_load(MODEL_RULES.read_text())["groups"][0]
+    every_rule = group["rules"] + models["rules"]
+    for index, rules in enumerate(dependency_steps(every_rule)):
         single = workdir / f"step-{index:02d}.yml"
-        single.write_text(yaml.safe_dump({"groups": [{**group, "rules": rules}]}))
+        single.write_text(
+            yaml.safe_dump({"groups": [{**group, "interval": f"{STEP_S}s", "rules": rules}]})
+        )
         replayed = subprocess.run(
             [
                 binary("vmalert"),
@@ -163,7 +170,9 @@ def test_victoria_metrics_and_vmalert_give_promtools_figures(scenario: dict, tmp
             assert got == expected, f"{check['expr']} at {check['eval_time']}"
 
 
-ENERGY_RULES = ("llmgw:unit_energy_joules:sum5m", "llmgw:model_profile_energy_joules:sum5m")
+#: The rules the unit's energy sum needs: the group's evaluation marker, then the sum.
+ENERGY_RULES = ("llmgw:energy_group_evaluation:info", "llmgw:unit_energy_joules:sum5m")
+MODEL_ENERGY = "llmgw:model_profile_energy_joules:sum5m"
 UNIT = {"node": "n1", "unit": "u1", "model": "m1", "profile": "p1"}
 
 
@@ -181,31 +190,45 @@ def test_live_vmalert_sums_the_ten_samples_prometheus_sums(tmp_path: Path) -> No
 
     The energy rules of rules/energy.yml, as written, run live in one group after a
     stand-in for `llmgw:unit_power_watts` (one unit's power, rising 10 W a step; its
-    history imported on the 30 s grid up to the last step before vmalert starts, so
-    that no step has two samples). Their first figures must be 30 s x the stored
-    power of the 10 evaluations before theirs, as Prometheus's would be.
+    history, and the group's evaluation marker's, imported on the 30 s grid up to the
+    last step before vmalert starts, so that no step has two samples). The unit's first
+    figure must be 300 s x the mean stored power of the evaluations before its own in
+    the window (x 30 s each: 10 of them), as Prometheus's would be. The sum per model
+    (rules/energy_models.yml, a group of its own) reads the units' sums: its first
+    figure is the unit's, at most one evaluation late.
     """
     energy = yaml.safe_load(RULES.read_text())["groups"][0]["rules"]
     rules = [rule for rule in energy if rule.get("record") in ENERGY_RULES]
     assert [rule["record"] for rule in rules] == list(ENERGY_RULES)
-    group = {
-        "name": "energy-window",
-        "interval": f"{STEP_S}s",
-        "rules": [
-            {"record": "llmgw:unit_power_watts", "expr": "max_over_time(ramp_watts[1m])"},
-            *rules,
-        ],
-    }
+    models = yaml.safe_load(MODEL_RULES.read_text())["groups"][0]["rules"]
+    by_model_rules = [rule for rule in models if rule.get("record") == MODEL_ENERGY]
+    assert len(by_model_rules) == 1
+    groups = [
+        {
+            "name": "energy-window",
+            "interval": f"{STEP_S}s",
+            "rules": [
+                {"record": "llmgw:unit_power_watts", "expr": "max_over_time(ramp_watts[1m])"},
+                *rules,
+            ],
+        },
+        {"name": "energy-models", "interval": f"{STEP_S}s", "rules": by_model_rules},
+    ]
     rule_file = tmp_path / "energy-window.yml"
-    rule_file.write_text(yaml.safe_dump({"groups": [group]}))
+    rule_file.write_text(yaml.safe_dump({"groups": groups}))
     labels = ",".join(f'{k}="{v}"' for k, v in UNIT.items())
     power = f"llmgw:unit_power_watts{{{labels}}}"
+    marker = ENERGY_RULES[0]
 
     with victoria_metrics(tmp_path / "vm", scrape_targets={}) as vm:
         # vmalert evaluates at 30 s boundaries, the first at or after `now`.
         now = int(time.time()) // STEP_S * STEP_S
         base = now - 10 * 60
-        history = [f"{power} {ramp_watts(at, base)} {at * 1000}" for at in range(base, now, STEP_S)]
+        history = [
+            line
+            for at in range(base, now, STEP_S)
+            for line in (f"{power} {ramp_watts(at, base)} {at * 1000}", f"{marker} 1 {at * 1000}")
+        ]
         inputs = [  # the stand-in's input, into the future: the live rule reads it
             f"ramp_watts{{{labels}}} {ramp_watts(at, base)} {at * 1000}"
             for at in range(base, now + 10 * STEP_S, STEP_S)
@@ -223,23 +246,35 @@ def test_live_vmalert_sums_the_ten_samples_prometheus_sums(tmp_path: Path) -> No
         ):
             deadline = time.monotonic() + 4 * STEP_S
             live: dict[int, dict[frozenset[tuple[str, str]], float]] = {}
-            while not live and time.monotonic() < deadline:
+            by_model: dict[int, dict[frozenset[tuple[str, str]], float]] = {}
+            while not (live and by_model) and time.monotonic() < deadline:
                 time.sleep(1)
-                live = live_samples(vm.url, ENERGY_RULES[0], after=now - 1)
-            assert live, f"vmalert wrote no {ENERGY_RULES[0]} within {4 * STEP_S} s"
+                live = live_samples(vm.url, ENERGY_RULES[1], after=now - 1)
+                by_model = live_samples(vm.url, MODEL_ENERGY, after=now - 1)
+            assert live, f"vmalert wrote no {ENERGY_RULES[1]} within {4 * STEP_S} s"
+            assert by_model, f"vmalert wrote no {MODEL_ENERGY} within {4 * STEP_S} s"
             first = min(live)
-            by_model = live_samples(vm.url, ENERGY_RULES[1], after=first - 1)
+            live = live_samples(vm.url, ENERGY_RULES[1], after=first - 1)
             stored = live_samples(vm.url, power, after=first - 11 * STEP_S)
     before = [first - STEP_S * j for j in range(1, 11)]
     watts = [next(iter(stored[at].values())) for at in before if at in stored]
     # Steps between the history and vmalert's first evaluation (its start waits for
-    # the group's phase) have no power: up to two, which Prometheus would not sum either.
+    # the group's phase) have no power and no marker: up to two, which Prometheus would
+    # not have evaluated either.
     assert len(watts) >= 8, f"the power of {before} is not stored: {sorted(stored)}"
-    expected = STEP_S * sum(watts)
+    expected = 300 * sum(watts) / len(watts)
     assert list(live[first].values()) == [pytest.approx(expected)], (
         f"at {first}: the evaluations {before[-1]}..{before[0]} stored {watts}"
     )
-    assert list(by_model[first].values()) == [pytest.approx(expected)]
+    first_by_model = min(by_model)
+    units_then = [
+        next(iter(live[at].values()))
+        for at in (first_by_model, first_by_model - STEP_S)
+        if at in live
+    ]
+    assert next(iter(by_model[first_by_model].values())) in [
+        pytest.approx(v) for v in units_then
+    ], f"at {first_by_model}: by model {by_model[first_by_model]}, the unit {units_then}"
 
 
 def live_samples(
