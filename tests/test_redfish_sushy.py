@@ -185,6 +185,37 @@ def test_each_resource_in_the_order_of_preference(
     }
 
 
+def edit(mockup: Path, relative: str, change: dict[str, Any]) -> None:
+    """Set keys (a dotted path: `PowerWatts.Reading`) of one of the copy's documents."""
+    index = mockup / "Chassis" / "1U" / relative / "index.json"
+    document = json.loads(index.read_text())
+    for dotted, value in change.items():
+        *parents, key = dotted.split(".")
+        target = document
+        for parent in parents:
+            target = target[parent]
+        target[key] = value
+    index.write_text(json.dumps(document, indent=4))
+
+
+def test_a_reading_that_is_not_a_node_s_falls_through_to_the_next_resource(
+    sushy: SushyStatic, mockup: Path, pki: dict[str, Path], credentials: Path
+) -> None:
+    """A BMC without a meter answers 0 W, a disconnected sensor 127 °C: not readings, so the
+    next resources are read (never a 0 W node, never no power while another resource has it)."""
+    edit(mockup, "EnvironmentMetrics", {"PowerWatts.Reading": 0})
+    edit(mockup, "Sensors/TotalPower", {"Reading": None})
+    edit(
+        mockup, "ThermalSubsystem/ThermalMetrics", {"TemperatureSummaryCelsius.Intake.Reading": 127}
+    )
+    state = source(sushy.url, credentials, pki["ca"], FakeClock()).poll_once()
+    assert state.up, state.reason
+    assert values(list(state.samples)) == {
+        (POWER, "redfish"): figure("PowerSubsystem"),
+        (INLET, "IntakeTemp"): figure("Sensors inlet"),
+    }
+
+
 def test_the_sensors_are_found_by_their_ids_once(
     sushy: SushyStatic, mockup: Path, pki: dict[str, Path], credentials: Path
 ) -> None:

@@ -2,8 +2,9 @@
 
 The chassis read is `chassis` (its `Id`) or, unset, the first member of the
 Chassis collection that links `EnvironmentMetrics`, `PowerSubsystem` or `Power`.
-Its power is the first of these that gives a reading (newest resources first,
-the chassis' own total before figures the exporter would have to add up):
+Its power is the first of these whose reading is a node's (not null, 0 W or
+above 50 kW; newest resources first, the chassis' own total before figures the
+exporter would have to add up):
 
 1. `EnvironmentMetrics` → `PowerWatts.Reading` (Redfish 2020.4 and later: the
    chassis' power, one request);
@@ -17,7 +18,7 @@ the chassis' own total before figures the exporter would have to add up):
    `PowerConsumedWatts` (the first is the system's on every BMC we know; later
    entries are often sub-systems, CPU or memory, and are never added).
 
-Its inlet is the first of:
+Its inlet is the first of these whose reading is within −20…80 °C:
 
 1. `ThermalSubsystem` → `ThermalMetrics` → `TemperatureSummaryCelsius.Intake.Reading`
    (labelled `sensor="Intake"`);
@@ -70,7 +71,7 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
@@ -362,20 +363,23 @@ class RedfishSource(BmcSource):
             self._chassis = self._find_chassis(client)
         chassis = self._chassis
         samples: list[Sample] = []
-        raw = self._power(client, chassis)
-        watts = node_power(raw)
-        if watts is not None:
-            samples.append(Sample(NODE_POWER_METRIC, watts, {"source": self.name}))
+        raw: float | None = None  # the first reading, shown when none was a node's
+        for reading in self._power_readings(client, chassis):
+            raw = reading if raw is None else raw
+            if (watts := node_power(reading)) is not None:
+                samples.append(Sample(NODE_POWER_METRIC, watts, {"source": self.name}))
+                break
         if self.config.inlet:
             try:
-                reading = self._inlet(client, chassis)
+                for sensor, reading in self._inlet_readings(client, chassis):
+                    if (celsius := inlet(reading)) is not None:
+                        labels = {"chip": self.name, "sensor": sensor}
+                        samples.append(Sample(INLET_METRIC, celsius, labels))
+                        break
             except RedfishError as exc:
                 if samples:
                     raise PartialReading(samples, f"inlet sensor: {exc}") from exc
                 raise
-            if reading is not None and (celsius := inlet(reading[1])) is not None:
-                labels = {"chip": self.name, "sensor": reading[0]}
-                samples.append(Sample(INLET_METRIC, celsius, labels))
         if not samples:
             where = chassis.get("@odata.id", "the chassis")
             shown = "" if raw is None else f" ({raw:g} W)"
@@ -400,29 +404,35 @@ class RedfishSource(BmcSource):
             raise RedfishError(f"the BMC has no chassis {wanted!r} (it has {len(paths)})")
         raise NoData("no chassis with a power resource (EnvironmentMetrics, PowerSubsystem, Power)")
 
-    def _power(self, client: RedfishClient, chassis: dict[str, Any]) -> float | None:
+    def _power_readings(self, client: RedfishClient, chassis: dict[str, Any]) -> Iterator[float]:
+        """Each power resource's reading, in the order of preference. A generator: a resource
+        is fetched only when the readings before it were not a node's (null, 0 W, > 50 kW)."""
         if (path := _link(chassis, "EnvironmentMetrics")) is not None:
             reading = _optional(client, path)
             if reading is not None:
                 watts = _number((reading.get("PowerWatts") or {}).get("Reading"))
                 if watts is not None:
-                    return watts
+                    yield watts
         if (sensor := self._sensor_reading(client, chassis, POWER_SENSOR)) is not None:
-            return sensor[1]
+            yield sensor[1]
         if (path := _link(chassis, "PowerSubsystem")) is not None:
             subsystem = _optional(client, path)
             if subsystem is not None and (watts := _supplies_input(client, subsystem)) is not None:
-                return watts
+                yield watts
         if (path := _link(chassis, "Power")) is not None:
             power = _optional(client, path)
             for control in (power or {}).get("PowerControl") or []:
                 if isinstance(control, dict):
                     watts = _number(control.get("PowerConsumedWatts"))
                     if watts is not None:
-                        return watts
-        return None
+                        yield watts
+                        return  # only the first entry is the system's (see the module's doc)
 
-    def _inlet(self, client: RedfishClient, chassis: dict[str, Any]) -> tuple[str, float] | None:
+    def _inlet_readings(
+        self, client: RedfishClient, chassis: dict[str, Any]
+    ) -> Iterator[tuple[str, float]]:
+        """(sensor, °C) of each inlet resource, in the order of preference; fetched only while
+        the readings before were out of range (a disconnected sensor reads 127 °C)."""
         if (path := _link(chassis, "ThermalSubsystem")) is not None:
             subsystem = _optional(client, path)
             metrics_path = _link(subsystem or {}, "ThermalMetrics")
@@ -431,9 +441,9 @@ class RedfishSource(BmcSource):
                 summary = (metrics.get("TemperatureSummaryCelsius") or {}).get("Intake") or {}
                 celsius = _number(summary.get("Reading"))
                 if celsius is not None:
-                    return "Intake", celsius
+                    yield "Intake", celsius
         if (sensor := self._sensor_reading(client, chassis, INLET_SENSOR)) is not None:
-            return sensor
+            yield sensor
         if (path := _link(chassis, "Thermal")) is not None:
             thermal = _optional(client, path)
             for sensor in (thermal or {}).get("Temperatures") or []:
@@ -446,8 +456,7 @@ class RedfishSource(BmcSource):
                 if sensor.get("PhysicalContext") == "Intake" or is_inlet_name(name):
                     celsius = _number(sensor.get("ReadingCelsius"))
                     if celsius is not None:
-                        return name or "Intake", celsius
-        return None
+                        yield name or "Intake", celsius
 
     def _sensor_reading(
         self, client: RedfishClient, chassis: dict[str, Any], kind: SensorKind
