@@ -6,7 +6,8 @@ Prometheus scrapes a small metrics page served here (tests/promstack.metrics_tar
 DCIM's rack inlet sensors and a cooling unit's alarms. The facility file's signals: one good
 (every series onto a declared rack, every declared rack covered), one returning no series,
 one whose series map onto an undeclared row (and leave a declared row uncovered), and, in a
-second file, one with a PromQL syntax error that the file's own token check lets through.
+second file, one with a PromQL syntax error that the file's own token check lets through,
+and a signal per phase of three-phase PDUs against the phases each PDU declares.
 Then Prometheus down, and one that accepts connections and never answers (the deadline).
 The CLI runs in-process (`main([...])`); tests assert on its lines and exit status.
 """
@@ -21,11 +22,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from decider import facility as facility_file
-from decider.facility import Signal
-from decider.prometheus_reader import PrometheusReader
 from llmgw_facility.cli import main
-from llmgw_facility.signal_check import check_signal, describe
 from tests.promstack import free_port, metrics_target, prometheus
 
 #: Generous for two busy cores: Prometheus scrapes every second.
@@ -258,36 +255,20 @@ mode: observe
 domains:
   pdu/p1: {cap_watts: 13840, phases: {L1: {rating_watts: 8500}, L2: {rating_watts: 8500}, L3: {rating_watts: 8500}}}
   pdu/p2: {cap_watts: 13840}
+signals:
+  phase_power_watts: {query: 'sum by (pdu, phase) (pdu_phase_power_watts)', domain_label: pdu, phase_label: phase}
 """  # noqa: E501
 
 
-class PerPhaseSignal(Signal):
-    """A signal per phase of three-phase pdus: the shape the check reads, a `phase_label`
-    beside `domain_label` (the facility file's per-phase signal has it)."""
-
-    phase_label: str
-
-
 @pytest.mark.servers
-def test_a_signal_per_phase_maps_onto_the_declared_phases_of_each_pdu(prometheus_url, tmp_path):
-    facility_path = write(tmp_path, "facility.yaml", PHASED)
-    facility = facility_file.load(facility_path)
-    signal = PerPhaseSignal(
-        query="sum by (pdu, phase) (pdu_phase_power_watts)",
-        domain_label="pdu",
-        kind="pdu",
-        phase_label="phase",
-    )
-    reader = PrometheusReader(prometheus_url, timeout=10.0, retries=0)
-    try:
-        report = check_signal(reader, facility, "phase_power_watts", signal)
-    finally:
-        reader.close()
-    assert report.covered == {"pdu/p1 L1", "pdu/p1 L2"}
-    ok, lines = describe(facility_path, report)
-    assert not ok
-    assert lines == [
-        f"{facility_path}: signals.phase_power_watts: does not map onto the declared pdu "
+def test_a_signal_per_phase_maps_onto_the_declared_phases_of_each_pdu(
+    prometheus_url, capsys, tmp_path
+):
+    facility = write(tmp_path, "facility.yaml", PHASED)
+    code, out, err = run(capsys, "--facility", str(facility), "--prometheus", prometheus_url)
+    assert code == 1, (out, err)
+    assert err == [
+        f"{facility}: signals.phase_power_watts: does not map onto the declared pdu "
         "phases: 4 series, 2 onto none of them; 1 declared pdu phase with no series",
         '  series {pdu="p1", phase="L4"}: phase \'L4\': not one of pdu/p1\'s phases (L1, L2, L3)',
         '  series {pdu="p2", phase="L1"}: pdu/p2 declares no phases',
