@@ -5,7 +5,11 @@ a refresh, a reload) and swaps it in one assignment, so a placement reads one co
 state without taking a lock. Per-domain and per-node figures are worked out once per view,
 on first use, and shared by every request that reads the same view. A view made after a
 reservation or a hold (`settle`) starts from the previous view's figures and works out
-again only the domains the change touched, and the nodes in those racks and PDUs.
+again only the domains the change touched, and the nodes in those racks and PDUs. Each
+figure says what settle does with it where it is declared, `@figure(carried)`, `@figure(anew)`
+or `@figure(_NAME_after)` (its update for the change, written beside the others below); a
+plain cached_property on View is refused when this module loads (`check_figures`), so a
+figure added later is never carried over stale, nor forgotten, by omission.
 
 The node states (`_nodes`) are not copied from view to view: they are a base dict shared by
 the views of one basis and a small overlay per view (decider.placement.overlay), in which a
@@ -26,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any, TypeVar, cast
 
 from decider import overrides as overrides_text
 from decider.facility import Domain, DomainRef, Facility
@@ -49,27 +54,185 @@ from decider.store import Hold, Override, Reservation
 __all__ = ["CONDITION_RANK", "FINE_KINDS", "DomainState", "NodeState", "PhaseState", "View"]
 
 
-#: What `View.settle` does with each figure a View works out on first use (its cached
-#: properties, kept in its __dict__): carried over as it is (the basis decides it, not a
-#: reservation or a hold), updated for the change, or left to be worked out anew.
-#: tests/test_placement_answers.py holds every cached property of View to exactly one of
-#: them, so that a figure added later is never carried over stale unnoticed.
-SETTLE_CARRIES = frozenset({"members", "gaps", "site_gpu_limit_watts", "phased_pdus"})
-SETTLE_UPDATES = frozenset(
-    {
-        "reserved_watts",
-        "reserved_gpus",
-        "replicas_by_model",
-        "_spread",
-        "phase_reserved",
-        "_phases",
-        "domain_refs",
-        "domains",
-        "coarse_refs",
-        "_nodes",
-    }
-)
-SETTLE_WORKS_OUT_ANEW = frozenset({"enforced", "ordering_mask", "domain_refusals"})
+# --- the figures a View works out once, and what settle does with each ------------------------
+
+T = TypeVar("T")
+
+
+@dataclass
+class Change:
+    """What a View that settles (`View.settle`) differs by from the View before: reservations
+    added and removed, and the domains whose figures that and the holds changed. `redone`:
+    the nodes whose state is worked out anew (None: unknown, every one), as `_nodes` found."""
+
+    previous: View
+    added: list[Reservation]
+    removed: list[Reservation]
+    held: tuple[DomainRef, ...]
+    touched: set[DomainRef]
+    redone: set[str] | None = None
+
+    @property
+    def signed(self) -> list[tuple[Reservation, int]]:
+        """Each reservation with +1 (added) or −1 (removed)."""
+        return [(r, 1) for r in self.added] + [(r, -1) for r in self.removed]
+
+
+#: What settle makes of a figure the View before worked out: (the new View, the change, the
+#: figure then) -> the figure now, or LEFT: left to be worked out on first use.
+Settle = Callable[["View", Change, Any], Any]
+#: A settle's answer where the figure is left to be worked out on first use (a figure may
+#: be None: site_gpu_limit_watts).
+LEFT: Any = object()
+
+
+class Figure(cached_property[T]):
+    """A figure a View works out on first use and keeps (a cached_property: read as fast as
+    an attribute), declared with what `View.settle` does with it (`figure(settle)`): a
+    figure cannot be added without saying so, and `check_figures` refuses a plain cached_property
+    on View when the module is imported."""
+
+    def __init__(self, work_out: Callable[[Any], T], settle: Settle) -> None:
+        super().__init__(work_out)
+        self.settle = settle
+
+    def worked_out(self, view: View) -> bool:
+        return self.attrname in view.__dict__
+
+    def value(self, view: View) -> T:
+        """The figure as `view` worked it out; only where `worked_out`."""
+        return cast(T, view.__dict__[self.attrname])
+
+    def keep(self, view: View, value: T) -> None:
+        """Set the figure of a View no one reads yet (settle, work_out_domains): where
+        cached_property keeps it, the View being frozen to its users."""
+        view.__dict__[self.attrname] = value
+
+
+def figure(settle: Settle) -> Callable[[Callable[[Any], T]], Figure[T]]:
+    def declare(work_out: Callable[[Any], T]) -> Figure[T]:
+        return Figure(work_out, settle)
+
+    return declare
+
+
+def carried(view: View, change: Change, before: T) -> T:
+    """The basis decides it (snapshot, facility file, freshness), not a reservation or hold."""
+    return before
+
+
+def anew(view: View, change: Change, before: object) -> Any:
+    """Worked out anew on first use: cheap, or read from what changed."""
+    return LEFT
+
+
+def _reserved_watts_after(view: View, change: Change, before: dict[DomainRef, float]) -> Any:
+    watts = dict(before)
+    for reservation, sign in change.signed:
+        for ref in change.previous.reservation_domains(reservation):
+            total = watts.get(ref, 0.0) + sign * reservation.estimate_watts
+            watts[ref] = max(0.0, total)  # no float dust below zero
+    return watts
+
+
+def _reserved_gpus_after(view: View, change: Change, before: dict[str, int]) -> Any:
+    gpus = dict(before)
+    for reservation, sign in change.signed:
+        gpus[reservation.node] = gpus.get(reservation.node, 0) + sign * reservation.gpus
+    return gpus
+
+
+def _replicas_by_model_after(
+    view: View, change: Change, before: dict[tuple[str, DomainRef], int]
+) -> Any:
+    counts = dict(before)
+    for reservation, sign in change.signed:
+        for ref in change.previous.reservation_domains(reservation):
+            if ref.kind in FINE_KINDS:
+                key = (reservation.model, ref)
+                counts[key] = counts.get(key, 0) + sign
+                if not counts[key]:
+                    del counts[key]
+    return counts
+
+
+def _spread_after(view: View, change: Change, before: dict[str, dict[DomainRef, int]]) -> Any:
+    """Per model, as replicas_by_model."""
+    # list(): a placement may be adding a model to it on another thread meanwhile.
+    spread = {model: dict(counts) for model, counts in list(before.items())}
+    for reservation, sign in change.signed:
+        counts = spread.get(reservation.model)
+        if counts is None:
+            continue
+        for ref in change.previous.reservation_domains(reservation):
+            if ref.kind in FINE_KINDS:
+                counts[ref] = counts.get(ref, 0) + sign
+                if not counts[ref]:
+                    del counts[ref]
+    return spread
+
+
+def _phase_reserved_after(view: View, change: Change, before: dict[PhaseKey, float]) -> Any:
+    by_phase = dict(before)
+    for reservation, sign in change.signed:
+        for key in phases.reservation_phases(change.previous, reservation):
+            by_phase[key] = max(0.0, by_phase.get(key, 0.0) + sign * reservation.estimate_watts)
+    return by_phase
+
+
+def _phase_states_after(view: View, change: Change, before: dict[PhaseKey, PhaseState]) -> Any:
+    """Those of the pdus the change did not touch."""
+    pdus = {ref.name for ref in change.touched if ref.kind == "pdu"}
+    return {key: state for key, state in before.items() if key[0] not in pdus}
+
+
+def _domain_refs_after(view: View, change: Change, before: frozenset[DomainRef]) -> Any:
+    return before | change.touched
+
+
+def _domains_after(view: View, change: Change, before: dict[DomainRef, DomainState]) -> Any:
+    """The touched domains' states worked out anew (from the reservations settled above)."""
+    domains = dict(before)
+    for ref in change.touched:
+        domains[ref] = view._domain_state(ref)
+    return domains
+
+
+def _coarse_refs_after(view: View, change: Change, before: tuple[DomainRef, ...]) -> Any:
+    """The same order, a touched row, room or site not yet among them last."""
+    added = tuple(r for r in change.touched if r.kind not in FINE_KINDS and r not in before)
+    return before + added
+
+
+def _node_states_after(view: View, change: Change, before: Layered[NodeState]) -> Any:
+    """The shared base, the nodes the change touched marked stale in a copy of the small
+    overlay (decider.placement.overlay): the change costs the names it touched, not the
+    site's 10,000. Worked out anew, every node, where a hold came with no fresh membership
+    (each node is refused by its last known domains: any may have changed)."""
+    if not View.domains.worked_out(view) or (change.held and "membership" not in view.fresh):
+        return LEFT
+    members = view.members
+    redone = {reservation.node for reservation in change.added + change.removed}
+    for ref in change.touched:
+        if ref.kind in FINE_KINDS:
+            redone.update(members.get(ref, ()))
+    change.redone = redone
+    return before.settled(redone)
+
+
+def check_figures(cls: type) -> None:
+    """Every figure a View caches says what settle does with it (a Figure, not a plain
+    cached_property): raises at import, not at the first settle."""
+    plain = [
+        name
+        for name, attr in vars(cls).items()
+        if isinstance(attr, cached_property) and not isinstance(attr, Figure)
+    ]
+    if plain:
+        raise TypeError(
+            f"{cls.__name__}: {', '.join(plain)}: a cached figure must say what settle does "
+            "with it (@figure(carried | anew | an update), decider.placement.view)"
+        )
 
 
 @dataclass(frozen=True)
@@ -93,18 +256,18 @@ class View:
         """`enforce` where any concern is enforced, else `observe` (the answers' `mode`)."""
         return self.facility.overall_mode()
 
-    @cached_property
+    @figure(anew)
     def enforced(self) -> frozenset[str]:
         """The concerns enforced (decider.placement.rules): refusals of the others are
         reported, not applied."""
         return self.facility.enforced()
 
-    @cached_property
+    @figure(anew)
     def ordering_mask(self) -> tuple[bool, ...]:
         """Which ordering scores order (rules.ordering_mask)."""
         return rules.ordering_mask(self.enforced)
 
-    @cached_property
+    @figure(anew)
     def domain_refusals(self) -> Callable[[Budgeted], tuple[Refusal, ...]]:
         """What `judge` runs the registry's domain filters through (rules.domain_refusals),
         remembered per domain and phase state for this View (decider.placement.refusal_memo)
@@ -122,7 +285,7 @@ class View:
         current = self.membership(reservation.node)
         return current if current is not None else reservation.domains
 
-    @cached_property
+    @figure(_reserved_watts_after)
     def reserved_watts(self) -> dict[DomainRef, float]:
         totals: dict[DomainRef, float] = {}
         for reservation in self.reservations.values():
@@ -130,14 +293,14 @@ class View:
                 totals[ref] = totals.get(ref, 0.0) + reservation.estimate_watts
         return totals
 
-    @cached_property
+    @figure(_reserved_gpus_after)
     def reserved_gpus(self) -> dict[str, int]:
         totals: dict[str, int] = {}
         for reservation in self.reservations.values():
             totals[reservation.node] = totals.get(reservation.node, 0) + reservation.gpus
         return totals
 
-    @cached_property
+    @figure(_replicas_by_model_after)
     def replicas_by_model(self) -> dict[tuple[str, DomainRef], int]:
         """Reserved replicas of each model per rack and pdu, for the spread preference."""
         counts: dict[tuple[str, DomainRef], int] = {}
@@ -148,7 +311,17 @@ class View:
                     counts[key] = counts.get(key, 0) + 1
         return counts
 
-    @cached_property
+    @figure(carried)
+    def members(self) -> dict[DomainRef, list[str]]:
+        """The nodes of each domain (current membership)."""
+        found: dict[DomainRef, list[str]] = {}
+        if "membership" in self.fresh:
+            for node, refs in self.snapshot.membership.items():
+                for ref in refs:
+                    found.setdefault(ref, []).append(node)
+        return found
+
+    @figure(_domain_refs_after)
     def domain_refs(self) -> frozenset[DomainRef]:
         """Every domain this view knows: Prometheus' inventory, the file's, the holds'."""
         declared = {ref for ref, _ in self.facility.declared()}
@@ -159,7 +332,7 @@ class View:
                 members.update(refs)
         return frozenset(known | declared | members | set(self.holds) | set(self.reserved_watts))
 
-    @cached_property
+    @figure(_domains_after)
     def domains(self) -> dict[DomainRef, DomainState]:
         return {ref: self._domain_state(ref) for ref in self.domain_refs}
 
@@ -168,14 +341,14 @@ class View:
         giving way as this thread's runtime policy says (decider.giving_way.giving_way): a
         refresh's View, before anyone reads it (State.set_snapshot)."""
         self.replicas_by_model  # noqa: B018 -- worked out here, paced, not on first read
-        if "domains" in self.__dict__:
+        if View.domains.worked_out(self):
             return
         domains: dict[DomainRef, DomainState] = {}
         for ref in paced(self.domain_refs):
             domains[ref] = self._domain_state(ref)
-        self.__dict__["domains"] = domains
+        View.domains.keep(self, domains)
 
-    @cached_property
+    @figure(_coarse_refs_after)
     def coarse_refs(self) -> tuple[DomainRef, ...]:
         """The rows, rooms and sites among `domains` (decider.placement.answers compares
         them between Views)."""
@@ -214,21 +387,21 @@ class View:
             ),
         )
 
-    @cached_property
+    @figure(_node_states_after)
     def _nodes(self) -> Layered[NodeState]:
         return Layered()
 
     # --- phases of three-phase pdus (decider.placement.phases) --------------------------------
 
-    @cached_property
+    @figure(carried)
     def phased_pdus(self) -> dict[str, Domain]:
         return self.facility.phased_pdus()
 
-    @cached_property
+    @figure(_phase_reserved_after)
     def phase_reserved(self) -> dict[PhaseKey, float]:
         return phases.reserved_by_phase(self)
 
-    @cached_property
+    @figure(_phase_states_after)
     def _phases(self) -> dict[PhaseKey, PhaseState]:
         return {}
 
@@ -238,16 +411,6 @@ class View:
         if state is None:
             state = self._phases[(pdu, phase)] = phases.phase_state(self, pdu, phase)
         return state
-
-    @cached_property
-    def members(self) -> dict[DomainRef, list[str]]:
-        """The nodes of each domain (current membership)."""
-        found: dict[DomainRef, list[str]] = {}
-        if "membership" in self.fresh:
-            for node, refs in self.snapshot.membership.items():
-                for ref in refs:
-                    found.setdefault(ref, []).append(node)
-        return found
 
     def same_basis(self, other: View) -> bool:
         """Whether `other` read the same snapshot, file and freshness: its figures carry over."""
@@ -268,91 +431,23 @@ class View:
         The nodes whose state was worked out anew (None: unknown, every one; the answer
         cache takes over the rest, decider.placement.answers.lineage).
 
-        Figures `previous` never worked out are left to be worked out on first use."""
+        Figures `previous` never worked out are left to be worked out on first use; each
+        one it did, settle hands to what the figure declares (`figure(...)` above), in the
+        order the class declares them: an update may read the figures declared above it."""
         if not self.same_basis(previous):
             return None
-        cache = previous.__dict__
         added = [r for r in changed if r.id not in previous.reservations]
         removed = [r for r in changed if r.id not in self.reservations]
         touched: set[DomainRef] = set(held)
         for reservation in added + removed:  # a confirmation changes no figure
             touched.update(previous.reservation_domains(reservation))
-        nodes = {reservation.node for reservation in added + removed}
-        mine = self.__dict__  # cached_property's storage: the view is frozen to its users
-        if "reserved_watts" in cache:
-            watts = dict(cache["reserved_watts"])
-            for reservation, sign in [(r, 1.0) for r in added] + [(r, -1.0) for r in removed]:
-                for ref in previous.reservation_domains(reservation):
-                    total = watts.get(ref, 0.0) + sign * reservation.estimate_watts
-                    watts[ref] = max(0.0, total)  # no float dust below zero
-            mine["reserved_watts"] = watts
-        if "reserved_gpus" in cache:
-            gpus = dict(cache["reserved_gpus"])
-            for reservation, sign in [(r, 1) for r in added] + [(r, -1) for r in removed]:
-                gpus[reservation.node] = gpus.get(reservation.node, 0) + sign * reservation.gpus
-            mine["reserved_gpus"] = gpus
-        if "replicas_by_model" in cache:
-            counts = dict(cache["replicas_by_model"])
-            for reservation, sign in [(r, 1) for r in added] + [(r, -1) for r in removed]:
-                for ref in previous.reservation_domains(reservation):
-                    if ref.kind in FINE_KINDS:
-                        key = (reservation.model, ref)
-                        counts[key] = counts.get(key, 0) + sign
-                        if not counts[key]:
-                            del counts[key]
-            mine["replicas_by_model"] = counts
-        if "_spread" in cache:  # per model, as replicas_by_model above
-            # list(): a placement may be adding a model to it on another thread meanwhile.
-            spread = {model: dict(counts) for model, counts in list(cache["_spread"].items())}
-            for reservation, sign in [(r, 1) for r in added] + [(r, -1) for r in removed]:
-                counts = spread.get(reservation.model)
-                for ref in previous.reservation_domains(reservation) if counts is not None else ():
-                    if ref.kind in FINE_KINDS:
-                        counts[ref] = counts.get(ref, 0) + sign
-                        if not counts[ref]:
-                            del counts[ref]
-            mine["_spread"] = spread
-        if "phase_reserved" in cache:
-            by_phase = dict(cache["phase_reserved"])
-            for reservation, sign in [(r, 1.0) for r in added] + [(r, -1.0) for r in removed]:
-                for key in phases.reservation_phases(previous, reservation):
-                    total = by_phase.get(key, 0.0) + sign * reservation.estimate_watts
-                    by_phase[key] = max(0.0, total)
-            mine["phase_reserved"] = by_phase
-        if "_phases" in cache:
-            pdus = {ref.name for ref in touched if ref.kind == "pdu"}
-            mine["_phases"] = {k: v for k, v in cache["_phases"].items() if k[0] not in pdus}
-        for name in SETTLE_CARRIES:
-            if name in cache:
-                mine[name] = cache[name]
-        if "domain_refs" in cache:
-            mine["domain_refs"] = cache["domain_refs"] | touched
-        if "domains" in cache:  # worked out once, then carried along every settle
-            known = previous.coarse_refs
-            added = tuple(r for r in touched if r.kind not in FINE_KINDS and r not in known)
-            mine["coarse_refs"] = known + added
-        if "domains" in cache:
-            domains = dict(cache["domains"])
-            for ref in touched:
-                domains[ref] = self._domain_state(ref)
-            mine["domains"] = domains
-        redone: set[str] | None = None  # the nodes worked out anew; None: unknown, every one
-        # With no fresh membership a hold refuses by each node's last known domains: every
-        # node may have changed, and the cache starts anew.
-        if (
-            "_nodes" in cache
-            and "domains" in mine
-            and not (held and "membership" not in self.fresh)
-        ):
-            members = self.members
-            redone = set(nodes)
-            for ref in touched:
-                if ref.kind in FINE_KINDS:
-                    redone.update(members.get(ref, ()))
-            # The base shared, the stale marked in a copy of the small overlay (overlay.py):
-            # the write touches the names it changed, not the site's 10,000.
-            mine["_nodes"] = cache["_nodes"].settled(redone)
-        return redone
+        change = Change(previous, added, removed, held, touched)
+        for each in FIGURES:
+            if each.worked_out(previous):
+                now = each.settle(self, change, each.value(previous))
+                if now is not LEFT:
+                    each.keep(self, now)
+        return change.redone
 
     def node(self, name: str) -> NodeState:
         """The node's state, worked out once per view (a dict write is atomic under the GIL:
@@ -441,11 +536,11 @@ class View:
             by_model[model] = counts
         return counts
 
-    @cached_property
+    @figure(_spread_after)
     def _spread(self) -> dict[str, dict[DomainRef, int]]:
         return {}
 
-    @cached_property
+    @figure(carried)
     def gaps(self) -> tuple[str, ...]:
         """Readings Prometheus answered for but does not have, per domain: a budgeted domain
         with no fresh measured power (its load is then what is reserved), a domain with no
@@ -471,12 +566,19 @@ class View:
         cleared = overrides_text.notes(self.overrides, conditions, self.now)
         return [*self.missing, *self.gaps, *cleared]
 
-    @cached_property
+    @figure(carried)
     def site_gpu_limit_watts(self) -> float | None:
         """The largest enforced GPU limit in the site: the estimate for a node without one."""
         if "limits" not in self.fresh or not self.snapshot.gpu_limit_watts:
             return None
         return max(self.snapshot.gpu_limit_watts.values())
+
+
+check_figures(View)
+#: The figures of a View, in the order the class declares them (settle's order).
+FIGURES: tuple[Figure[Any], ...] = tuple(
+    attr for attr in vars(View).values() if isinstance(attr, Figure)
+)
 
 
 def _some(refs: list[DomainRef], shown: int = 5) -> str:
