@@ -19,7 +19,13 @@ import pytest
 
 from exporter.poller import SourceRunner
 from exporter.samples import NoData, PartialReading, Sample
-from exporter.sources.ipmi import IpmiConfig, IpmiSource, parse_power, parse_sdr_temperatures
+from exporter.sources.ipmi import (
+    FrozenReading,
+    IpmiConfig,
+    IpmiSource,
+    parse_power,
+    parse_sdr_temperatures,
+)
 from tests.node_power_helpers import OUTPUTS
 
 RECORDED = {  # tool → (recorded report, its current power)
@@ -360,6 +366,8 @@ def test_sdr_parsers() -> None:
 
 # --- configuration -------------------------------------------------------------------------
 
+LAN = {"host": "10.20.7.3", "user": "llmgw", "password_file": "/etc/llmgw/bmc-password"}
+
 
 @pytest.mark.parametrize(
     ("keys", "message"),
@@ -369,6 +377,21 @@ def test_sdr_parsers() -> None:
         ({"stale_after": "10s"}, "stale_after 10s is shorter than the interval 30s"),
         ({"tool": "/usr/local/bin/bmc-wrapper"}, "set format"),
         ({"format": "racadm"}, "Input should be"),
+        ({"host": "10.20.7.3", "user": "llmgw"}, "host 10.20.7.3 needs password_file"),
+        ({"host": "10.20.7.3", "password_file": "/p"}, "host 10.20.7.3 needs user"),
+        ({"user": "llmgw", "password_file": "/p"}, "user and password_file without host"),
+        ({**LAN, "host": "https://10.20.7.3"}, "is not a host name or an IP address"),
+        ({**LAN, "host": "-P"}, "is not a host name or an IP address"),
+        ({**LAN, "user": "-P"}, "is not an IPMI user name"),
+        ({**LAN, "user": "a-user-name-over-16"}, "is not an IPMI user name"),
+        ({**LAN, "port": 0}, "greater than or equal to 1"),
+        ({**LAN, "interface": "lan"}, "Input should be 'lanplus'"),
+        ({**LAN, "privilege": "root"}, "Input should be 'user', 'operator' or 'admin'"),
+        ({**LAN, "cipher_suite": 0}, "greater than or equal to 1"),
+        ({**LAN, "workarounds": ["open sesspriv"]}, "is not a FreeIPMI workaround flag"),
+        ({**LAN, "tool": "ipmiutil"}, "ipmiutil cannot read a BMC over the LAN"),
+        ({"tool": "ipmiutil", "power_sensor": "Pwr"}, "not ipmiutil"),
+        ({"frozen_after": "45s"}, "frozen_after 45s is shorter than two intervals"),
     ],
 )
 def test_config_refusals(keys: dict[str, object], message: str) -> None:
@@ -383,3 +406,191 @@ def test_the_environment_of_the_tool_is_c_locale(node: dict[str, Path]) -> None:
     fake_tool(node["bin"], "ipmitool", f'echo "$LC_ALL" > "{seen}"\nexec /bin/cat "{report}"\n')
     source(node, inlet=False).poll()
     assert seen.read_text().strip() == "C"
+
+
+def test_out_of_band_keys_are_accepted() -> None:
+    config = IpmiConfig.model_validate(
+        {**LAN, "port": 6230, "privilege": "operator", "cipher_suite": 17, "frozen_after": None}
+    )
+    assert (config.host, config.port, config.interface, config.frozen_after) == (
+        "10.20.7.3",
+        6230,
+        "lanplus",
+        None,
+    )
+    assert IpmiConfig.model_validate({**LAN, "host": "fe80::1%eth0"}).host == "fe80::1%eth0"
+
+
+# --- out-of-band, with fake tools (tests/test_ipmi_sim.py: against a real BMC simulator) ---
+
+
+def arguments_recorder(bin_dir: Path, name: str, report: str) -> Path:
+    """A tool that writes its argv and stdin beside it, one word a line, and prints `report`."""
+    data = bin_dir.parent / f"{name}.out"
+    data.write_text(report)
+    argv, stdin = bin_dir.parent / f"{name}.argv", bin_dir.parent / f"{name}.stdin"
+    body = f'printf "%s\\n" "$@" > "{argv}"\n/bin/cat > "{stdin}"\nexec /bin/cat "{data}"\n'
+    return fake_tool(bin_dir, name, body)
+
+
+def test_ipmitool_out_of_band_gets_the_password_file_not_the_password(
+    node: dict[str, Path],
+) -> None:
+    password = node["tmp"] / "bmc-password"
+    password.write_text("s3cret\n")
+    tool = arguments_recorder(
+        node["bin"], "ipmitool", IPMITOOL_SDR + "Pwr | 30h | ok | 21.1 | 332 Watts\n"
+    )
+    keys = {**LAN, "password_file": str(password), "power_sensor": "pwr", "cipher_suite": 3}
+    samples = source(node, tool=str(tool), **keys).poll()
+    assert powers(samples) == [332.0]
+    argv = (node["tmp"] / "ipmitool.argv").read_text().splitlines()
+    assert argv == [
+        *("-I", "lanplus", "-H", "10.20.7.3", "-p", "623", "-U", "llmgw"),
+        *("-f", str(password), "-L", "USER", "-C", "3", "sdr", "elist", "full"),
+    ]
+    assert (node["tmp"] / "ipmitool.stdin").read_text() == ""
+
+
+def test_freeipmi_out_of_band_gets_the_password_on_stdin(node: dict[str, Path]) -> None:
+    password = node["tmp"] / "bmc-password"
+    password.write_text("s3cret\n")
+    fake_tool(node["bin"], "ipmi-dcmi", "exit 3\n")  # names the family; not run for a sensor
+    arguments_recorder(node["bin"], "ipmi-sensors", "7,Pwr,Current,332.00,W,'OK'\n" + FREEIPMI_SDR)
+    keys = {**LAN, "password_file": str(password), "power_sensor": "Pwr", "port": 6230}
+    source_ = source(node, tool="ipmi-dcmi", workarounds=["opensesspriv"], **keys)
+    samples = source_.poll()
+    assert (powers(samples), [s.labels.get("sensor") for s in samples if s.metric == INLET]) == (
+        [332.0],
+        ["Ambient Temp"],
+    )
+    argv = (node["tmp"] / "ipmi-sensors.argv").read_text().splitlines()
+    cache = source_._sdr_cache
+    assert argv == [
+        "--driver-type=LAN_2_0",
+        "--hostname=10.20.7.3:6230",
+        "--username=llmgw",
+        "--password-prompt",
+        "--privilege-level=user",
+        "--workaround-flags=opensesspriv",
+        f"--sdr-cache-directory={cache}",
+        "--sdr-cache-recreate",
+        "--quiet-cache",
+        "--comma-separated-output",
+        "--no-header-output",
+    ]
+    assert (node["tmp"] / "ipmi-sensors.stdin").read_text() == "s3cret\n"
+    source_.close()
+    assert cache is not None and not Path(cache).exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (None, "cannot read the password file {path}: No such file or directory"),
+        ("", "the password file {path} is empty: the password goes on its first line"),
+        ("x" * 21 + "\n", "the password in {path} is longer than IPMI's 20 bytes"),
+    ],
+)
+def test_an_unusable_password_file_reads_down_and_runs_no_tool(
+    node: dict[str, Path], content: str | None, reason: str
+) -> None:
+    path = node["tmp"] / "bmc-password"
+    if content is not None:
+        path.write_text(content)
+    ran = node["tmp"] / "ran"
+    fake_tool(node["bin"], "ipmitool", f'touch "{ran}"\n')
+    runner = SourceRunner(source(node, tool="ipmitool", **{**LAN, "password_file": str(path)}), 30)
+    state = runner.poll_once()
+    assert (state.up, state.samples) == (False, ())
+    assert state.reason == "IpmiToolError: " + reason.format(path=path)
+    assert not ran.exists()
+
+
+def test_out_of_band_without_a_tool_reads_down_not_no_data(node: dict[str, Path]) -> None:
+    state = SourceRunner(source(node, **LAN), 30).poll_once()
+    assert (state.up, state.failure) == (False, "error")
+    assert state.reason == (
+        "IpmiToolError: no IPMI tool on PATH to read the BMC at 10.20.7.3"
+        " (ipmi-dcmi from FreeIPMI, or ipmitool)"
+    )
+
+
+def test_power_sensor_in_band_reads_the_sdr_once(node: dict[str, Path]) -> None:
+    runs = node["tmp"] / "runs"
+    listing = node["tmp"] / "sdr"
+    listing.write_text("PSU Input Power  | 30h | ok | 21.1 | 1496 Watts\n" + IPMITOOL_SDR)
+    fake_tool(node["bin"], "ipmitool", f'echo "$@" >> "{runs}"\nexec /bin/cat "{listing}"\n')
+    samples = source(node, power_sensor="PSU Input Power").poll()
+    assert [(s.metric, s.value) for s in samples] == [(POWER, 1496.0), (INLET, 23.0)]
+    assert runs.read_text() == "sdr elist full\n"
+
+
+@pytest.mark.parametrize(
+    ("line", "outcome"),
+    [
+        ("Pwr | 30h | ns | 21.1 | No Reading\n", "no data: the sensor 'Pwr' has no reading now"),
+        (
+            "Pwr | 30h | ok | 21.1 | 41 degrees C\n",
+            "IpmiToolError: the sensor 'Pwr' does not read in Watts",
+        ),
+        (
+            "Pwr | 30h | ok | 21.1 | 0 Watts\n",
+            "no data: the sensor 'Pwr' reads 0 W, not a node's power",
+        ),
+    ],
+)
+def test_a_power_sensor_without_a_watts_reading(
+    node: dict[str, Path], line: str, outcome: str
+) -> None:
+    replaying(node["bin"], "ipmitool", "", sdr=line)
+    state = SourceRunner(source(node, power_sensor="Pwr", inlet=False), 30).poll_once()
+    assert (state.samples, state.reason) == ((), outcome)
+
+
+# --- a reading that stops changing -------------------------------------------------------
+
+
+def test_a_dcmi_reading_unchanged_for_frozen_after_reads_down_and_serves_nothing(
+    node: dict[str, Path],
+) -> None:
+    clock = FakeClock()
+    replaying(node["bin"], "ipmitool", recorded("ipmitool"))
+    runner = SourceRunner(source(node, clock, inlet=False, frozen_after="2m"), 30)
+    for _ in range(4):  # 0, 30, 60, 90 s: the same 2578 W, still believed
+        assert runner.poll_once().up
+        clock.now += 30
+    frozen = runner.poll_once()  # 120 s
+    assert (frozen.up, frozen.failure, frozen.samples) == (False, "error", ())
+    assert frozen.reason == (
+        "FrozenReading: the power reading has stayed at 2578 W for 120s (frozen_after):"
+        " the BMC no longer updates it"
+    )
+    assert runner.fresh_samples() == ()
+
+
+def test_frozen_after_null_never_judges_a_reading_frozen(node: dict[str, Path]) -> None:
+    clock = FakeClock()
+    replaying(node["bin"], "ipmitool", recorded("ipmitool"))
+    ipmi_source = source(node, clock, inlet=False, frozen_after=None)
+    for _ in range(100):
+        assert powers(ipmi_source.poll()) == [2578.0]
+        clock.now += 30
+
+
+def test_a_failed_poll_between_equal_readings_does_not_reset_the_frozen_clock(
+    node: dict[str, Path],
+) -> None:
+    clock = FakeClock()
+    tool = replaying(node["bin"], "ipmitool", recorded("ipmitool"))
+    good = tool.read_text()
+    ipmi_source = source(node, clock, inlet=False, frozen_after="1m")
+    ipmi_source.poll()
+    tool.write_text("#!/bin/sh\nexit 1\n")
+    clock.now += 30
+    with pytest.raises(PartialReading):
+        ipmi_source.poll()
+    tool.write_text(good)
+    clock.now += 30
+    with pytest.raises(FrozenReading, match="stayed at 2578 W"):
+        ipmi_source.poll()

@@ -543,13 +543,15 @@ class IpmiSource(BmcSource):
             raise IpmiToolError(f"the sensor {sensor.name!r} does not read in Watts")
         samples: list[Sample] = []
         if sensor.value is None:  # no reading now (the host is off, the sensor disabled)
-            self._watts = None
-        elif (watts := self._not_frozen(node_power(sensor.value))) is not None:
+            self._watts, absent = None, f"the sensor {sensor.name!r} has no reading now"
+        elif (watts := self._not_frozen(node_power(sensor.value))) is None:
+            absent = f"the sensor {sensor.name!r} reads {sensor.value:g} W, not a node's power"
+        else:
             samples.append(Sample(NODE_POWER_METRIC, watts, {"source": self.name}))
         if self.config.inlet:
             samples += self._inlet_of(readings)
         if not samples:
-            raise NoData(f"the sensor {sensor.name!r} has no reading now")
+            raise NoData(absent)
         return samples
 
     def _not_frozen(self, watts: float | None) -> float | None:
