@@ -1345,6 +1345,8 @@ CARRIED = (
     "site_gpu_limit_watts",
     "domain_refs",
     "domains",
+    "coarse_refs",  # follows domains: carried even where the View before never read it
+    "domain_refusals",
     "_nodes",
 )
 
@@ -1359,7 +1361,7 @@ def test_a_view_after_a_write_carries_the_figures_over(make_site: Any) -> None:
     site.decide(replica(1, 10), ["n1", "n2"])
     before.members  # noqa: B018 - worked out as capacity.fits and the benchmark do
     before.gaps  # noqa: B018
-    assert set(CARRIED) <= set(vars(before))
+    assert set(CARRIED) - {"coarse_refs"} <= set(vars(before))
     assert site.reserve("n2", replica(1, 100)).created
     after = site.view()
     assert after is not before
@@ -1467,6 +1469,28 @@ def test_judge_runs_the_domain_filters_once_per_state_and_view_and_at_each_call_
     plain = dataclasses.replace(view, memo_refusals=False)
     assert [decide(plain, replica(gpus), ["n1", "n2"]).as_json() for gpus in (1, 2)] == remembered
     assert sorted(seen) == sorted(["rack r1", "rack r2", "row 1", "row 1"] * 2)
+
+
+def test_a_view_after_a_write_runs_a_rule_registered_since(
+    make_site: Any, registered: Callable[[ModuleType], None]
+) -> None:
+    # The refusal memo is carried from View to View of one basis (View.settle), but not
+    # past a change of the registry: decide on the next View runs the new rule.
+    site = make_site(
+        make_facility({"rack/r1": {"cap_watts": 10_000}}),
+        make_snapshot({"n1": ["rack/r1", "row/1"], "n2": ["rack/r2", "row/1"]}),
+    )
+    before = site.view()
+    assert site.decide(replica(1, 100), ["n2", "n1"]).order == ["n1", "n2"]  # both allowed
+    assert site.reserve("n1", replica(1, 100)).created
+    assert site.view().domain_refusals is before.domain_refusals  # carried over
+    registered(maintenance_window({"r2"}))
+    assert site.reserve("n1", replica(1, 100)).created
+    after = site.view()
+    assert after.domain_refusals is not before.domain_refusals
+    assert decide(after, replica(1, 100), ["n2", "n1"]).verdicts[0].refusals == [
+        ("maintenance", "rack r2 in its maintenance window")
+    ]
 
 
 def test_a_rule_that_reads_what_the_states_do_not_hold_is_refused_at_registration() -> None:

@@ -10,9 +10,12 @@ each call: tests/test_placement_answers.py holds the answers equal either way.
 Correct because a filter reads only the fields of the state it is given (rules.check holds
 each rule to its declared `reads`) and the states are frozen: the same state object gives
 the same refusals. Keyed by the state's identity (the state is kept with its refusals, so
-its id is not reused while the memo holds it); a View is rebuilt on every change, with a
-memo of its own, so a rule registered later is run by every View built after it. The rules
-never import this module.
+its id is not reused while the memo holds it). Shared by the Views of one basis: a View
+that settles after a reservation or a hold (View.settle) carries it over, as it does the
+states the change did not touch (those it replaced are new objects, worked out anew), so
+that a write's next placements do not run the filters again on the site's unchanged
+domains; a refresh or a reload starts a new one, and so does a View made after a rule was
+registered or unregistered (`still_current`). The rules never import this module.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ def remembered() -> Callable[[Budgeted], tuple[Refusal, ...]]:
     found: dict[int, tuple[Budgeted, tuple[Refusal, ...]]] = {}
     get = found.get
     work_out = rules.domain_refusals
+    registry = rules.DOMAIN_FILTERS
 
     def refusals(domain: Budgeted) -> tuple[Refusal, ...]:
         hit = get(id(domain))
@@ -45,4 +49,11 @@ def remembered() -> Callable[[Budgeted], tuple[Refusal, ...]]:
         found[id(domain)] = (domain, refused)
         return refused
 
+    refusals.registry = registry  # type: ignore[attr-defined]
     return refusals
+
+
+def still_current(memo: Callable[[Budgeted], tuple[Refusal, ...]]) -> bool:
+    """Whether `memo` was made for the registry's filters as they are now (no rule
+    registered or unregistered since): a View that settles carries it over only then."""
+    return getattr(memo, "registry", None) is rules.DOMAIN_FILTERS

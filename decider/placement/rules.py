@@ -110,7 +110,9 @@ check((*DOMAIN_FILTERS, *ESTIMATE_FILTERS), ORDER)
 
 def register(rule: DomainFilter) -> None:
     """Add a domain filter after the registry's own (a plug-in, or a test's): checked as
-    the registry's are. Views built after it run it."""
+    the registry's are. Register before the decider serves: Views built after it run it,
+    but the answer cache carries a node's answer over from View to View of one basis (after
+    a reservation or a hold) until the next refresh or reload."""
     global DOMAIN_FILTERS
     check((rule,), ())
     DOMAIN_FILTERS = (*DOMAIN_FILTERS, rule)

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from decider import overrides as overrides_text
 from decider.facility import Domain, DomainRef, Facility
@@ -92,16 +92,22 @@ class Figure(cached_property[T]):
     figure cannot be added without saying so, and `check_figures` refuses a plain cached_property
     on View when the module is imported."""
 
-    def __init__(self, work_out: Callable[[Any], T], settle: Settle) -> None:
+    def __init__(
+        self, work_out: Callable[[Any], T], settle: Settle, follows: Figure[Any] | None
+    ) -> None:
         super().__init__(work_out)
         self.settle = settle
+        self.follows = follows
+
+    def settles_from(self, previous: View) -> bool:
+        """Whether settle starts this figure from `previous`'s: where `previous` worked it
+        out, or the figure it follows (worked out on `previous` then, as on first use)."""
+        return self.worked_out(previous) or (
+            self.follows is not None and self.follows.worked_out(previous)
+        )
 
     def worked_out(self, view: View) -> bool:
         return self.attrname in view.__dict__
-
-    def value(self, view: View) -> T:
-        """The figure as `view` worked it out; only where `worked_out`."""
-        return cast(T, view.__dict__[self.attrname])
 
     def keep(self, view: View, value: T) -> None:
         """Set the figure of a View no one reads yet (settle, work_out_domains): where
@@ -109,9 +115,15 @@ class Figure(cached_property[T]):
         view.__dict__[self.attrname] = value
 
 
-def figure(settle: Settle) -> Callable[[Callable[[Any], T]], Figure[T]]:
+def figure(
+    settle: Settle, follows: Figure[Any] | None = None
+) -> Callable[[Callable[[Any], T]], Figure[T]]:
+    """Declare a figure and what settle does with it; `follows`: a figure it is derived
+    from, whose View before it is carried along with even where no one read it there (else
+    each View would work it out again from scratch)."""
+
     def declare(work_out: Callable[[Any], T]) -> Figure[T]:
-        return Figure(work_out, settle)
+        return Figure(work_out, settle, follows)
 
     return declare
 
@@ -124,6 +136,14 @@ def carried(view: View, change: Change, before: T) -> T:
 def anew(view: View, change: Change, before: object) -> Any:
     """Worked out anew on first use: cheap, or read from what changed."""
     return LEFT
+
+
+def _domain_refusals_after(
+    view: View, change: Change, before: Callable[[Budgeted], tuple[Refusal, ...]]
+) -> Any:
+    """The memo carried over (keyed by state: the states the change replaced are new
+    objects), unless the registry changed since it was made."""
+    return before if view.memo_refusals and refusal_memo.still_current(before) else LEFT
 
 
 def _reserved_watts_after(view: View, change: Change, before: dict[DomainRef, float]) -> Any:
@@ -267,7 +287,7 @@ class View:
         """Which ordering scores order (rules.ordering_mask)."""
         return rules.ordering_mask(self.enforced)
 
-    @figure(anew)
+    @figure(_domain_refusals_after)
     def domain_refusals(self) -> Callable[[Budgeted], tuple[Refusal, ...]]:
         """What `judge` runs the registry's domain filters through (rules.domain_refusals),
         remembered per domain and phase state for this View (decider.placement.refusal_memo)
@@ -348,7 +368,7 @@ class View:
             domains[ref] = self._domain_state(ref)
         View.domains.keep(self, domains)
 
-    @figure(_coarse_refs_after)
+    @figure(_coarse_refs_after, follows=domains)
     def coarse_refs(self) -> tuple[DomainRef, ...]:
         """The rows, rooms and sites among `domains` (decider.placement.answers compares
         them between Views)."""
@@ -443,8 +463,8 @@ class View:
             touched.update(previous.reservation_domains(reservation))
         change = Change(previous, added, removed, held, touched)
         for each in FIGURES:
-            if each.worked_out(previous):
-                now = each.settle(self, change, each.value(previous))
+            if each.settles_from(previous):
+                now = each.settle(self, change, each.__get__(previous, View))
                 if now is not LEFT:
                     each.keep(self, now)
         return change.redone
