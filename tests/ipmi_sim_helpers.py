@@ -45,7 +45,7 @@ LAN_CONF = """\
 name "llmgw-test-bmc"
 set_working_mc 0x20
   startlan 1
-    addr 127.0.0.1 {port}
+    addr {address} {port}
     priv_limit admin
     # IPMI 1.5 authentication types per privilege (ipmitool and FreeIPMI use 2.0 here).
     allowed_auths_callback md5
@@ -59,17 +59,26 @@ set_working_mc 0x20
 """
 
 
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+#: Loopback as /proc/net/udp and udp6 write it (32-bit words in the host's byte order).
+PROC_NET_LOOPBACK = {
+    "127.0.0.1": ("/proc/net/udp", "0100007F"),
+    "::1": ("/proc/net/udp6", "00000000000000000000000001000000"),
+}
+
+
+def free_udp_port(address: str = "127.0.0.1") -> int:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        sock.bind((address, 0))
         return int(sock.getsockname()[1])
 
 
-def udp_bound(port: int) -> bool:
-    """Whether a socket is bound to 127.0.0.1:PORT over UDP (/proc/net/udp)."""
-    wanted = f"0100007F:{port:04X}"
-    with open("/proc/net/udp") as table:
-        return any(line.split()[1] == wanted for line in list(table)[1:])
+def udp_bound(address: str, port: int) -> bool:
+    """Whether a socket is bound to ADDRESS:PORT over UDP (/proc/net/udp, udp6)."""
+    table, hex_address = PROC_NET_LOOPBACK[address]
+    wanted = f"{hex_address}:{port:04X}"
+    with open(table) as lines:
+        return any(line.split()[1] == wanted for line in list(lines)[1:])
 
 
 def binary(name: str) -> str:
@@ -82,8 +91,9 @@ def binary(name: str) -> str:
 class SimulatedBmc:
     """One running ipmi_sim, its working directory, and how to reach it."""
 
-    def __init__(self, directory: Path, port: int) -> None:
+    def __init__(self, directory: Path, address: str, port: int) -> None:
         self.directory = directory
+        self.address = address
         self.port = port
         self.process: subprocess.Popen[bytes] | None = None
         self.password_file = directory / "bmc-password"
@@ -93,7 +103,7 @@ class SimulatedBmc:
     def source_keys(self, tool: str, **keys: object) -> dict[str, object]:
         """`sources.ipmi` for this BMC, out-of-band through `tool`."""
         return {
-            "host": "127.0.0.1",
+            "host": self.address,
             "port": self.port,
             "user": USER,
             "password_file": str(self.password_file),
@@ -127,10 +137,10 @@ class SimulatedBmc:
                 stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + start_timeout_s
-        while not udp_bound(self.port):
+        while not udp_bound(self.address, self.port):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                pytest.fail(f"ipmi_sim never bound UDP {self.port}:\n{self.log()}")
+                pytest.fail(f"ipmi_sim never bound UDP {self.address} {self.port}:\n{self.log()}")
             time.sleep(0.05)
 
     def stop(self) -> None:
@@ -151,6 +161,7 @@ class SimulatedBmc:
     def write_power(self, watts: int) -> None:
         """What the power sensor reads from its next second on (a multiple of 4 W)."""
         assert watts % POWER_STEP_WATTS == 0, "the sensor reads in 4 W steps"
+        assert watts <= 255 * POWER_STEP_WATTS, "an 8-bit reading: at most 1,020 W"
         self._write("power.val", watts)
 
     def write_inlet(self, celsius: int) -> None:
@@ -166,7 +177,7 @@ class SimulatedBmc:
         """The sensor's value as ipmitool reads it now (None: no answer or no reading)."""
         argv = [
             binary("ipmitool"),
-            *("-I", "lanplus", "-H", "127.0.0.1", "-p", str(self.port)),
+            *("-I", "lanplus", "-H", self.address, "-p", str(self.port)),
             *("-U", USER, "-f", str(self.password_file), "-L", "USER"),
             *("-C", str(CIPHER_SUITE), "sensor", "reading", name),
         ]
@@ -191,12 +202,16 @@ class SimulatedBmc:
 
 
 @contextlib.contextmanager
-def running_bmc(directory: Path, watts: int = 332, celsius: int = 23) -> Iterator[SimulatedBmc]:
-    """ipmi_sim on a UDP port picked here, reading `watts` and `celsius`; stopped after."""
-    port = free_udp_port()
+def running_bmc(
+    directory: Path, watts: int = 332, celsius: int = 23, address: str = "127.0.0.1"
+) -> Iterator[SimulatedBmc]:
+    """ipmi_sim on a UDP port of `address` (127.0.0.1 or ::1) picked here, reading `watts`
+    and `celsius`; stopped after."""
+    port = free_udp_port(address)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "lan.conf").write_text(LAN_CONF.format(port=port, user=USER, password=PASSWORD))
-    bmc = SimulatedBmc(directory, port)
+    lan_conf = LAN_CONF.format(address=address, port=port, user=USER, password=PASSWORD)
+    (directory / "lan.conf").write_text(lan_conf)
+    bmc = SimulatedBmc(directory, address, port)
     bmc.write_power(watts)
     bmc.write_inlet(celsius)
     try:

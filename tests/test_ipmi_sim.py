@@ -86,6 +86,13 @@ def test_the_power_and_inlet_sensors_over_the_lan(bmc: SimulatedBmc, tool: str) 
 
 
 @pytest.mark.parametrize("tool", TOOLS)
+def test_a_bmc_at_an_ipv6_address(tmp_path: Path, tool: str) -> None:
+    with running_bmc(tmp_path / "bmc6", watts=996, address="::1") as bmc6:
+        state = runner(bmc6, tool).poll_once()
+    assert (state.up, values(state)) == (True, {POWER: 996.0, INLET: 23.0})
+
+
+@pytest.mark.parametrize("tool", TOOLS)
 def test_the_password_is_in_no_argv(
     bmc: SimulatedBmc, tool: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

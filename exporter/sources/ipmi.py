@@ -471,8 +471,9 @@ class IpmiSource(BmcSource):
             if config.cipher_suite is not None:
                 lan += ["-C", str(config.cipher_suite)]
             return run_tool([path, *lan, *args], config.timeout)
-        # FreeIPMI: `host:port` unless the port is IPMI's own (an IPv6 address has colons).
-        target = config.host if config.port == 623 else f"{config.host}:{config.port}"
+        # FreeIPMI: `host:port` unless the port is IPMI's own; an IPv6 address in brackets.
+        host = f"[{config.host}]" if ":" in config.host else config.host
+        target = config.host if config.port == 623 else f"{host}:{config.port}"
         lan = [
             "--driver-type=LAN_2_0",
             f"--hostname={target}",
