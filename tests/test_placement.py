@@ -829,8 +829,7 @@ def test_stale_readings_make_conditions_unknown_and_drop_measurements(make_site:
     domain = site.view().domain(ref("rack/r1"))
     assert (domain.measured, domain.condition, domain.reading_age) == (None, "unknown", None)
     assert answer["missing"] == [
-        "domain measured power (llmgw_domain_measured_watts): last read 200s ago, older than "
-        "its 120s limit (timed out after 2s)",
+        f"{PARTS['measured']}: last read 200s ago, older than its 120s limit (timed out after 2s)",
         "domain conditions (llmgw_domain_condition): last read 200s ago, older than its 120s limit",
         "domain reading ages (llmgw_domain_reading_age_seconds): last read 200s ago, older "
         "than its 120s limit",
