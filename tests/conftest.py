@@ -191,7 +191,9 @@ SERVER_TESTS: dict[str, frozenset[str] | None] = {
     "test_power_capping.py": frozenset({"test_the_api_shows_the_recommendations"}),
     "test_profiles.py": frozenset({"running"}),
     "test_profiles_e2e.py": None,
-    "test_rules_benchmark_smoke.py": frozenset({"test_whole_run_at_eight_nodes"}),
+    "test_rules_benchmark_smoke.py": frozenset(
+        {"test_whole_run_at_eight_nodes", "test_sharded_run_at_sixteen_nodes"}
+    ),
     "test_rules_render.py": frozenset(
         {"test_vmalert_evaluates_the_rendered_rules_over_victoria_metrics"}
     ),
@@ -206,6 +208,7 @@ SERVER_TESTS: dict[str, frozenset[str] | None] = {
             "test_prometheus_scrapes_every_simulated_node_as_its_own_target",
         }
     ),
+    "test_snmp_pdu_e2e.py": None,
     "test_status_page.py": None,
 }
 BROWSER_TESTS: dict[str, frozenset[str] | None] = {
@@ -228,6 +231,8 @@ SERVER_PROGRAMS = frozenset(
         "llmgw-exporter",
         "prometheus-node-exporter",
         "sushy-static",  # sushy-tools' Redfish mockup server (tests/redfish_helpers.py)
+        "snmpsim-command-responder",  # an SNMP agent from recordings (test_snmp_pdu_e2e.py)
+        "prometheus-snmp-exporter",
     }
 )
 BROWSER_PROGRAMS = frozenset({"chromium", "chromium-browser"})
