@@ -6,18 +6,23 @@ enforced limit, the throttle reasons on), the CPUs (package temperature and powe
 inlet air and the whole node's power, beside each source's health. Plain HTML rendered by
 Jinja2 with autoescape (a sensor or a label names nothing that can inject markup), no
 JavaScript, one column wide enough for a phone.
+
+Jinja2 is imported, and the page's template compiled, at the first request for `/`, not
+at start: most nodes' pages are never opened, and the two cost about 3 MiB of the
+exporter's resident memory (docs/benchmarks.md, "Where the memory goes").
 """
 
 from __future__ import annotations
 
+import functools
 import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-import jinja2
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from exporter.collector import declared_samples, includes_gpus, served_samples
@@ -25,6 +30,9 @@ from exporter.config import AgentConfig
 from exporter.poller import SourceRunner
 from exporter.samples import Sample
 from llmgw_common.metrics import THERMAL_REASONS
+
+if TYPE_CHECKING:
+    import jinja2
 
 StartResponse = Callable[..., object]
 Environ = dict[str, object]
@@ -145,8 +153,7 @@ def readings(samples: Iterable[Sample]) -> Readings:
     )
 
 
-_PAGE = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).from_string(
-    """\
+_PAGE_SOURCE = """\
 {%- macro number(value, unit, digits=0) -%}
 {{ "-" if value is none else ("%." ~ digits ~ "f") % value ~ " " ~ unit }}
 {%- endmacro -%}
@@ -230,7 +237,16 @@ Readings as <a href="/metrics">/metrics</a> serves them now.</p>
 <p><a href="/metrics">/metrics</a></p>
 </body></html>
 """
-)
+
+
+@functools.cache
+def page_template() -> jinja2.Template:
+    """The page's template, compiled once, at the first request for `/` (see the module)."""
+    import jinja2
+
+    return jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).from_string(
+        _PAGE_SOURCE
+    )
 
 
 def source_rows(runners: Iterable[SourceRunner], disabled: Iterable[str]) -> list[SourceRow]:
@@ -280,7 +296,7 @@ def status_page(
         )
         if name
     )
-    return _PAGE.render(
+    return page_template().render(
         node=config.node,
         place=place,
         feeds=", ".join(labels.pdus),
