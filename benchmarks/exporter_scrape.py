@@ -667,6 +667,15 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def missed_targets(result: dict[str, Any]) -> list[str]:
+    """The targets the run missed, by name (`--check` exits 1 on any), a failing
+    `promtool check metrics` among them."""
+    missed = [name for name, target in result["targets"].items() if not target["met"]]
+    if result["promtool_check_metrics"]["passed"] is False:
+        missed.append("promtool_check_metrics")
+    return missed
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     result = run(args)
@@ -674,9 +683,7 @@ def main(argv: list[str] | None = None) -> int:
     args.output.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
     print(report(result))
     print(f"\nwritten: {args.output}")
-    missed = [name for name, target in result["targets"].items() if not target["met"]]
-    if result["promtool_check_metrics"]["passed"] is False:
-        missed.append("promtool_check_metrics")
+    missed = missed_targets(result)
     if args.check and missed:
         print(f"targets missed: {', '.join(missed)}", file=sys.stderr)
         return 1

@@ -59,6 +59,27 @@ def test_ready_waits_for_every_gpu_source_and_rapl_power(bench):
     assert not bench.ours_ready((gpus + energy + power).encode(), 2)
 
 
+@pytest.mark.parametrize(("rss_mib", "missed"), [(39.9, []), (40.0, []), (44.7, ["rss_mib"])])
+def test_rss_over_40_mib_fails_the_check(bench, rss_mib, missed):
+    """The run's verdict, and `--check`'s exit status, fail once the exporter passes 40 MiB."""
+    assert bench.MAX_RSS_MIB == 40.0
+    ours = {"rss_mib": rss_mib, "cpu_ms_per_scrape": 1.7}
+    result = {
+        "targets": bench.targets(ours, {"median_raw": 0.9}),
+        "promtool_check_metrics": {"passed": True},
+    }
+    assert result["targets"]["rss_mib"] == {"value": rss_mib, "max": 40.0, "met": not missed}
+    assert bench.missed_targets(result) == missed
+
+
+def test_a_failing_promtool_check_is_a_missed_target(bench):
+    result = {
+        "targets": bench.targets({"rss_mib": 30.0, "cpu_ms_per_scrape": 1.0}, {"median_raw": 0.5}),
+        "promtool_check_metrics": {"passed": False},
+    }
+    assert bench.missed_targets(result) == ["promtool_check_metrics"]
+
+
 @needs_node_exporter
 def test_a_few_rounds_end_to_end(bench, tmp_path, capsys):
     output = tmp_path / "exporter_scrape.json"
