@@ -166,7 +166,9 @@ def snmp_exporter(workdir: Path) -> Iterator[Server]:
         yield server
 
 
-def snmp_scrape_config(exporter: str, agent: str) -> dict[str, Any]:
+def snmp_scrape_config(
+    exporter: str, agent: str, module: str = MODULE, pdu: str = PDU
+) -> dict[str, Any]:
     """The scrape job a site writes for its PDUs: snmp_exporter asked for each PDU by
     `target`, with the stock module, the PDU's name as the `pdu` target label."""
     return {
@@ -174,8 +176,8 @@ def snmp_scrape_config(exporter: str, agent: str) -> dict[str, Any]:
         "scrape_interval": SCRAPE,
         "scrape_timeout": SCRAPE,
         "metrics_path": "/snmp",
-        "params": {"module": [MODULE]},
-        "static_configs": [{"targets": [agent], "labels": {"pdu": PDU}}],
+        "params": {"module": [module]},
+        "static_configs": [{"targets": [agent], "labels": {"pdu": pdu}}],
         "relabel_configs": [
             {"source_labels": ["__address__"], "target_label": "__param_target"},
             {"source_labels": ["__param_target"], "target_label": "instance"},
@@ -221,10 +223,10 @@ def node_page() -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def render_site_rules(directory: Path) -> Path:
+def render_site_rules(directory: Path, facility_yaml: str = FACILITY_YAML) -> Path:
     """`llmgw-facility rules render`, as an operator runs it."""
     facility = directory / "facility.yaml"
-    facility.write_text(FACILITY_YAML)
+    facility.write_text(facility_yaml)
     output = directory / "llmgw-site.yml"
     command = [sys.executable, "-m", "llmgw_facility.cli", "rules", "render"]
     command += ["--facility", str(facility), "--output", str(output)]
@@ -424,3 +426,58 @@ def test_a_sentry4_pdu_read_over_snmp_loads_its_phases_and_its_loss_refuses_noth
         "severity": "warning",
     }
     assert "its last hour's highest was 1701 W" in alert["annotations"]["description"]
+
+
+# --- a second make: a Raritan PX, its inlet through the `raritan` module --------------------
+
+RARITAN = FIXTURES / "snmpsim" / "raritan-px"
+RARITAN_PDU = "r2-b"
+#: The recording's inlet: 580 W (`inletActivePower`), a single-phase 16 A unit at 230 V.
+RARITAN_W = 580.0
+RARITAN_FACILITY_YAML = """\
+mode: enforce
+domains:
+  pdu/r2-b: {cap_watts: 2944}            # 16 A at 230 V, × 0.8
+signals:
+  power_watts:
+    query: 'sum by (pdu) (inletActivePower)'
+    domain_label: pdu
+    stale_after: 10s
+"""
+
+
+def test_a_raritan_pdu_read_over_snmp_is_its_pdus_measured_power(tmp_path: Path) -> None:
+    """The same chain for another make and module (no phases: the module reads the inlet):
+    the PDU's 580 W is its pdu's measured power in the rules and in the decider, which
+    loads the pdu by it (nothing reserved)."""
+    site_rules = render_site_rules(tmp_path, RARITAN_FACILITY_YAML)
+    rule_files = [REPO / "rules" / "node.yml", REPO / "rules" / "domain.yml", site_rules]
+    with (
+        snmpsim(tmp_path / "snmpsim", RARITAN) as (_, address),
+        snmp_exporter(tmp_path / "snmp_exporter") as exporter,
+    ):
+        exporter_address = exporter.url.removeprefix("http://")
+        scrape = snmp_scrape_config(exporter_address, address, "raritan", RARITAN_PDU)
+        with (
+            prometheus(tmp_path / "prometheus", rule_files, [scrape]) as engine,
+            running_decider(
+                tmp_path / "decider",
+                engine.url,
+                yaml.safe_load(RARITAN_FACILITY_YAML),
+                readings="1m",
+            ) as decider,
+        ):
+            measured = poll(
+                lambda: query(engine, 'llmgw_domain_measured_watts{kind="pdu"}'),
+                "the Raritan's inlet as its pdu's measured power",
+            )
+            assert [(m["metric"]["domain"], float(m["value"][1])) for m in measured] == [
+                (RARITAN_PDU, RARITAN_W)
+            ]
+            entry = poll(
+                lambda: (e := decider.domain(f"pdu/{RARITAN_PDU}"))["measured_watts"] and e,
+                f"the decider reading pdu/{RARITAN_PDU}",
+            )
+            assert (entry["measured_watts"], entry["load_watts"]) == (RARITAN_W, RARITAN_W)
+            assert entry["load_basis"] == "measured"
+            assert "phases" not in entry
