@@ -24,7 +24,7 @@ LOADED_ON_DEMAND = {
     "markupsafe": "jinja2's escaping, with it",
 }
 
-#: Runs the exporter's own main() and reports, on its last line of stderr, which of the
+#: Runs the exporter's own main() and reports, in a line of stderr of its own, which of the
 #: packages it was given were loaded by the time main() returned.
 PROBE = """
 import json, sys
@@ -64,8 +64,9 @@ def run_once(tmp_path: Path) -> tuple[int, list[str], str]:
         timeout=120,
         check=False,
     )
-    assert result.stderr.strip(), f"no answer from the probe (exit {result.returncode})"
-    answer = json.loads(result.stderr.strip().splitlines()[-1])
+    answers = [line for line in result.stderr.splitlines() if line.startswith('{"status"')]
+    assert answers, f"no answer from the probe (exit {result.returncode}):\n{result.stderr}"
+    answer = json.loads(answers[-1])
     return answer["status"], answer["loaded"], result.stdout
 
 
