@@ -160,7 +160,8 @@ def test_whole_run_at_eight_nodes(bench, tmp_path, capsys):
         metric = window["selector"].split("{")[0].split("[")[0]
         if metric in backfilled and window["series"]:
             recorded_here = metric in recorded or ":" in metric
-            every = bench.EVALUATION_INTERVAL_S if recorded_here else bench.SCRAPE_INTERVAL_S
+            every = window["interval_s"]  # the group's that writes it, or the scrapes'
+            assert every == (bench.SCRAPE_INTERVAL_S if not recorded_here else every)
             lost = math.ceil(seam_s / every) + 1
             assert window["samples_min"] >= window["samples_full"] - lost, (window, seam_s)
             assert window["samples_min"] >= 0.5 * window["samples_full"], (window, seam_s)
@@ -170,3 +171,139 @@ def test_whole_run_at_eight_nodes(bench, tmp_path, capsys):
     assert set(result["settings"]["rule_files_sha256"]) == loaded
     assert not bench.RuleSnapshot.take(bench.RULE_FILES).root.exists()  # removed at the end
     assert "slowest rules at 8 nodes" in capsys.readouterr().out
+
+
+def test_input_names_are_the_series_a_group_reads(bench):
+    rules = [
+        {"group": "a", "record": "x:node:y", "expr": "max by (node) (llmgw_node_gpus)"},
+        {
+            "group": "b",
+            "alert": "Z",
+            # A name inside a string (label_replace's) or a comment is not read.
+            "expr": 'label_replace(x:node:y, "x", "llmgw_gpu_info", "", "")  # llmgw_gpu_info\n'
+            "and on (node) llmgw_exporter_source_up{source='gpu'} and unknown_series",
+        },
+    ]
+    assert bench.input_names(rules) == {
+        "a": ["llmgw_node_gpus"],
+        "b": ["llmgw_exporter_source_up", "x:node:y"],
+    }
+
+
+def _group(median_ms: float, rules: int) -> dict:
+    return {"rules": rules, "duration_ms": {"median": median_ms, "max": median_ms}, "per_rule": []}
+
+
+def test_each_group_is_held_to_twice_its_floor_and_linear_growth(bench):
+    def size(nodes: int, cheap_ms: float, dear_ms: float) -> dict:
+        groups = {
+            bench.BASELINE_EMPTY: _group(0.1, 0),
+            bench.BASELINE_TRIVIAL: _group(0.3, 1),  # 0.2 ms a rule
+            "cheap": _group(cheap_ms, 5),
+            "dear": _group(dear_ms, 2),
+        }
+        costs = {"f": {"series": nodes, "count_query_ms": nodes / 100}}  # 1 ms a 100 nodes
+        bench.group_floors(groups, {"cheap": ["f"], "dear": ["f"]}, costs)
+        totals = dict.fromkeys(
+            ("sum_of_medians_ms", "net_sum_of_medians_ms", "net_share_of_time", "ms_per_interval"),
+            1.0,
+        )
+        return {"nodes": nodes, "groups": groups, "totals": totals}
+
+    small, large = size(100, 2.1, 2.5), size(1000, 21.1, 40.5)
+    cheap, dear = large["groups"]["cheap"]["floor"], large["groups"]["dear"]["floor"]
+    assert cheap["floor_ms"] == 10.0 and cheap["fixed_ms"] == pytest.approx(1.1)
+    assert cheap["net_ratio"] == pytest.approx(2.0)  # (21.1 - 1.1) / 10: at the limit
+    assert dear["net_ratio"] == pytest.approx(4.0)  # (40.5 - 0.5) / 10
+    sizes = [small, large]
+    found = bench.targets(sizes, bench.compare(sizes))
+    assert found["each_group_within_floor_ratio"]["groups_over"] == {"dear": pytest.approx(4.0)}
+    # cheap grew 21.1 / 2.1 = 10.05 x for 10 x the nodes; dear 16.2 x.
+    assert set(found["each_group_growth_at_most_linear"]["groups_over"]) == {"cheap", "dear"}
+    assert found["share_of_the_time_ms_per_30s"]["reported"]
+    assert not found["each_group_within_floor_ratio"]["met"]
+
+    held = [size(100, 2.2, 2.5), size(1000, 21.1, 20.5)]
+    found = bench.targets(held, bench.compare(held))
+    assert found["each_group_within_floor_ratio"]["met"]
+    assert found["each_group_growth_at_most_linear"]["met"]
+
+
+@pytest.fixture(scope="module")
+def sharded(bench):
+    """benchmarks/rules_sharded.py, importing `bench` as its rules_eval."""
+    with benchmark_module("rules_sharded") as module:
+        yield module
+
+
+def test_layers_are_split_by_file_and_group(sharded):
+    contents = {
+        "rules/a.yml": b"groups:\n  - name: a1\n    rules: []\n  - name: a2\n    rules: []\n",
+        "alerts/b.yml": b"groups:\n  - name: b1\n    rules: []\n",
+    }
+    spec = sharded.LayerSpec
+    node, domain = sharded.split_layers(contents, [spec("rules/a.yml", "a2")], None)
+    assert sharded.layer_names(node) == ["rules/a.yml:a2"]
+    assert sharded.layer_names(domain) == ["alerts/b.yml:b1", "rules/a.yml:a1"]
+    node, domain = sharded.split_layers(
+        contents, [spec("rules/a.yml", None)], [spec("alerts/b.yml", None)]
+    )
+    assert sharded.layer_names(node) == ["rules/a.yml:a1", "rules/a.yml:a2"]
+    with pytest.raises(SystemExit, match=r"in both layers: rules/a\.yml:a1"):
+        sharded.split_layers(contents, [spec("rules/a.yml", "a1")], [spec("rules/a.yml", None)])
+    with pytest.raises(SystemExit, match="no group 'a3'"):
+        sharded.split_layers(contents, [spec("rules/a.yml", "a3")], None)
+
+
+def test_the_shards_forward_what_the_domain_layer_and_the_decider_read(sharded):
+    node = [{"group": "n", "record": "x:node:y", "expr": "max by (node) (llmgw_node_gpus)"}]
+    domain = [
+        {"group": "d", "record": "x:domain:z", "expr": "sum(x:node:y) + count(llmgw_node_info)"},
+        {"group": "d", "alert": "Z", "expr": "x:domain:z > 1"},
+    ]
+    forwarded = sharded.forwarded(node, domain)
+    assert {"x:node:y", "llmgw_node_info"} <= set(forwarded)
+    assert "x:domain:z" not in forwarded and "llmgw_node_gpus" not in forwarded
+    assert "llmgw_gpu_power_limit_watts" in forwarded  # the decider's limits part reads it
+
+
+@needs_prometheus
+def test_sharded_run_at_sixteen_nodes(sharded, tmp_path, capsys):
+    output = tmp_path / "rules_sharded.json"
+    argv = ["--nodes", "16", "--shards", "2", "--warmup", "0", "--evaluations", "1"]
+    argv += ["--refreshes", "1", "--poll", "1"]
+    # The layers of docs/rules.md ("Layers"), but for energy (its 1-minute groups: longer).
+    argv += ["--node-layer", "rules/node.yml", "--node-layer", "alerts/exporter.yml"]
+    argv += ["--domain-layer", "rules/domain.yml", "--domain-layer", "rules/conditions.yml"]
+    assert sharded.main([*argv, "--output", str(output)]) == 0
+
+    result = json.loads(output.read_text())
+    assert [shard["nodes"] for shard in result["shards"]] == [8, 8]
+    for shard in result["shards"]:
+        group = shard["groups"]["llmgw-exporter"]
+        assert group["evaluations"] == 1
+        assert all(rule["health"] == ["ok"] for rule in group["per_rule"])
+        # up and last success of each of 5 sources a node
+        assert group["floor"]["input_series"] == 8 * 5 * 2
+    prom = result["global"]["prometheus"]["groups"]
+    assert set(prom) == {
+        "llmgw-domain.rules",
+        "llmgw-conditions.rules",
+        sharded.bench.BASELINE_EMPTY,
+        sharded.bench.BASELINE_TRIVIAL,
+    }
+    assert "llmgw:node_domain:membership" in result["settings"]["forwarded"]
+    for name, group in prom.items():
+        assert group["evaluations"] == 1, name
+        assert all(rule["health"] == ["ok"] for rule in group["per_rule"]), name
+    vm = result["global"]["victoriametrics_vmalert"]
+    assert set(vm["groups"]) == set(prom) - {
+        sharded.bench.BASELINE_EMPTY,
+        sharded.bench.BASELINE_TRIVIAL,
+    }
+    assert not vm["rules_in_error"]
+    for engine in ("prometheus", "victoriametrics"):
+        snapshot = result["decider"][engine]["snapshot"]
+        assert snapshot["nodes"] == 16 and snapshot["prometheus_up"], (engine, snapshot)
+    assert [site["nodes"] for site in result["extrapolation"]] == [10000, 50000]
+    assert "at 50,000 nodes" in capsys.readouterr().out
