@@ -726,7 +726,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": args.command,
         "machine": bench.machine()
-        | {"vmalert": bench.version_line([binary("vmalert"), "-version"])},
+        | {
+            # vmalert 1.79 prints no version; Debian's package says it.
+            "vmalert": "victoria-metrics and vmalert "
+            + bench.version_line(["dpkg-query", "-W", "-f", "${Version}", "victoria-metrics"])
+        },
         "settings": {
             "nodes": args.nodes,
             "shards": args.shards,
@@ -893,7 +897,7 @@ def report(result: dict[str, Any]) -> str:
         f" {len(vm['rules_in_error'])}",
         "",
         "the decider's refresh against the global view, ms median (max): whole / readings;"
-        " the nine queries one after the other",
+        " its queries one after the other",
     ]
     for engine, figures in result["decider"].items():
         snap = figures["snapshot"]
