@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py decider/placement/_entry_index.c | sha1sum | cut -c1-12)
 
-.PHONY: run test test-fast test-lowest lint pytest pytest-fast rules fake-nvml bench bench-rules bench-decider clean debian-packages mutation dashboards
+.PHONY: run test test-fast test-lowest lint pytest pytest-fast rules fake-nvml bench bench-rules bench-rules-sharded bench-decider clean debian-packages mutation dashboards
 
 # The main job: the demo (docs/simulation.md): a simulated site, a real Prometheus and
 # Alertmanager and the decider telling their story; Ctrl-C stops it.
@@ -89,6 +89,13 @@ bench: $(STAMP)
 
 bench-rules: $(STAMP) debian-packages
 	$(BIN)/python benchmarks/rules_eval.py
+
+# The layers of docs/rules.md sharded: 3,000 nodes over 3 Prometheus shards, a global
+# Prometheus and VictoriaMetrics + vmalert side by side (docs/benchmarks.md, docs/scaling.md).
+bench-rules-sharded: $(STAMP) debian-packages
+	$(BIN)/python benchmarks/rules_sharded.py --nodes 3000 --shards 3 \
+	  --node-layer rules/node.yml --node-layer rules/energy.yml \
+	  --node-layer alerts/exporter.yml --node-layer alerts/domain.yml:llmgw-gpu.alerts
 
 bench-decider: $(STAMP)
 	$(BIN)/python benchmarks/decider_placement.py
