@@ -474,7 +474,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ExitStack() as stack,
     ):
         tmp = Path(tmp_name)
-        node_files = write_layer(tmp / "node-layer", node_layer)
+        # Each shard its own copy: Prometheus offsets a group in the interval by a hash of
+        # its name and file, so copies at one path would evaluate at the same instants,
+        # three shards at once on this machine's cores; a site's shards have their own.
+        node_files = [
+            write_layer(tmp / f"shard-{index}-rules", node_layer) for index in range(args.shards)
+        ]
         domain_files = write_layer(tmp / "domain-layer", domain_layer)
         baseline = tmp / bench.BASELINE_FILE
         baseline.write_text(yaml.safe_dump(bench.baseline_rules(), sort_keys=False))
@@ -531,7 +536,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 f"shard-{index}",
                 port,
                 members,
-                [*node_files, baseline],
+                [*node_files[index], baseline],
                 [f"{global_url}/api/v1/write", f"{vm_url}/api/v1/write"],
                 keep,
             )
@@ -544,7 +549,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f" {time.strftime('%H:%M:%S')}; warm-up {args.warmup:.0f} s"
         )
         vmalert_group_names = {g["name"] for groups in domain_layer.values() for g in groups}
-        shard_keys, shard_intervals = expected_keys([*node_files, baseline])
+        shard_expected = [expected_keys([*files, baseline]) for files in node_files]
+        shard_keys = [keys for keys, _ in shard_expected]
+        shard_intervals = shard_expected[0][1]
         global_keys, global_intervals = expected_keys([*domain_files, baseline])
         recorders = [bench.Recorder(url) for _, url in shard_procs]
         global_recorder = bench.Recorder(global_url)
@@ -589,8 +596,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 prom_done = all(
                     len(r.evaluations(k, measure_from)) >= args.evaluations
-                    for r in recorders
-                    for k in shard_keys
+                    for r, keys in zip(recorders, shard_keys, strict=True)
+                    for k in keys
                 ) and all(
                     len(global_recorder.evaluations(k, measure_from)) >= args.evaluations
                     for k in global_keys
@@ -601,8 +608,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 counts = {
                     **{
                         f"shard-{i} {k}": len(r.evaluations(k, measure_from))
-                        for i, r in enumerate(recorders)
-                        for k in shard_keys
+                        for i, (r, keys) in enumerate(zip(recorders, shard_keys, strict=True))
+                        for k in keys
                     },
                     **{k: len(global_recorder.evaluations(k, measure_from)) for k in global_keys},
                 }
@@ -626,7 +633,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             zip(shard_procs, recorders, shards, strict=True)
         ):
             groups = prometheus_groups(
-                recorder, shard_keys, measure_from, args.evaluations, shard_intervals
+                recorder, shard_keys[index], measure_from, args.evaluations, shard_intervals
             )
             inputs = bench.input_names(node_rules)
             costs = bench.selection_costs(url, {n for names in inputs.values() for n in names})
