@@ -283,7 +283,7 @@ def test_missing_data_is_named_and_blocks_nothing(fake, make):
     )
     assert len(missing) == 1
     assert missing[0].startswith(
-        "domain measured power (llmgw_domain_measured_watts): never read from Prometheus: "
+        f"{PARTS['measured']}: never read from Prometheus: "
         "measured query `last_over_time(llmgw_domain_measured_watts["
     )
 
@@ -644,20 +644,12 @@ def test_readyz_with_prometheus_down(make, fake):
     body = decider.wait_ready()
     assert body["ready"] is True
     assert body["prometheus_up"] is False
-    assert [line.split(":")[0] for line in body["missing"]] == [
-        "which domains each node belongs to (llmgw",
-        "the known domains (llmgw_domain_info)",
-        "domain measured power (llmgw_domain_measured_watts)",
-        "domain conditions (llmgw_domain_condition)",
-        "domain reading ages (llmgw_domain_reading_age_seconds)",
-        "each node's GPU count (llmgw",
-        "each node's enforced GPU power limit (llmgw_gpu_power_limit_watts)",
-        "measured tokens per joule per model and profile (llmgw",
-        "how long each hot domain has been hot (llmgw_domain_condition, for shedding)",
-        "each node's CPU models (llmgw_node_cpu_info)",
-        "what each domain's condition rests on",
-    ]
-    assert all("never read from Prometheus" in line for line in body["missing"])
+    every_part = ["membership", "inventory", "measured", "conditions", "ages", "gpus", "limits"]
+    every_part += ["profiles", "hot", "cpus", "evidence"]
+    assert list(PARTS) == every_part
+    assert len(body["missing"]) == len(every_part)
+    for line, part in zip(body["missing"], every_part, strict=True):
+        assert line.startswith(f"{PARTS[part]}: never read from Prometheus"), (part, line)
     metrics = decider.metrics()
     assert metric_value(metrics, "llmgw_decider_prometheus_up") == 0.0
     assert metric_value(metrics, "llmgw_decider_snapshot_age_seconds") is None
