@@ -185,6 +185,7 @@ SERVER_TESTS: dict[str, frozenset[str] | None] = {
     ),
     "test_exporter_e2e.py": None,
     "test_exporter_page.py": None,
+    "test_ipmi_sim.py": None,
     "test_overrides.py": frozenset(
         {"test_an_override_through_the_cli_is_kept_across_a_restart_and_ended"}
     ),
@@ -234,6 +235,7 @@ SERVER_PROGRAMS = frozenset(
         "sushy-static",  # sushy-tools' Redfish mockup server (tests/redfish_helpers.py)
         "snmpsim-command-responder",  # an SNMP agent from recordings (test_snmp_pdu_e2e.py)
         "prometheus-snmp-exporter",
+        "ipmi_sim",  # OpenIPMI's BMC simulator (tests/ipmi_sim_helpers.py)
     }
 )
 BROWSER_PROGRAMS = frozenset({"chromium", "chromium-browser"})
