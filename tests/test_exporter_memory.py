@@ -22,6 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 LOADED_ON_DEMAND = {
     "jinja2": "exporter/web.py, at the first request for the node page (/)",
     "markupsafe": "jinja2's escaping, with it",
+    "requests": "exporter/sources/redfish.py, when the redfish source first talks to a BMC",
+    "urllib3": "requests, with it",
 }
 
 #: Runs the exporter's own main() and reports, in a line of stderr of its own, which of the

@@ -74,11 +74,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 from urllib.parse import urljoin, urlsplit
 
-import requests
-import urllib3
 from pydantic import field_validator, model_validator
 
 from exporter.samples import NoData, PartialReading, Sample
@@ -93,6 +91,9 @@ from exporter.sources.bmc import (
     node_power,
 )
 from llmgw_common.yamlfile import FilePath
+
+if TYPE_CHECKING:
+    import requests
 
 SERVICE_ROOT = "/redfish/v1/"
 DEFAULT_SESSIONS = "/redfish/v1/SessionService/Sessions"
@@ -210,6 +211,12 @@ class RedfishClient:
         parts = urlsplit(config.url)
         self.base = f"{parts.scheme}://{parts.netloc}"
         self.config = config
+        # requests, with urllib3, idna, charset_normalizer and certifi, is 4.7 MiB of the
+        # exporter's memory: loaded here, by a node whose agent.yaml names its BMC, not at start
+        # (tests/test_exporter_memory.py).
+        import requests
+        import urllib3
+
         self.http = requests.Session()
         # Given with every request, never as `Session.verify`: requests lets
         # REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override a session's own setting,
@@ -260,6 +267,8 @@ class RedfishClient:
             headers["X-Auth-Token"] = self._token
         elif self.config.auth == "basic" and self.config.credentials_file is not None:
             auth = read_credentials(self.config.credentials_file)
+        import requests  # loaded by __init__: here a lookup in sys.modules
+
         try:
             return self.http.request(
                 method,
