@@ -337,6 +337,9 @@ class Domain(_Model):
     thresholds: Thresholds = Thresholds()
     #: A three-phase PDU's phases (only on `pdu/…`): each one a limit of its own.
     phases: dict[PhaseName, Phase] = {}
+    #: Admit against the predicted peak (`Facility.oversubscription`) instead of the sum of
+    #: estimates, with GPU capping as the safety net (docs/facility.md "Oversubscription").
+    oversubscribe: bool = False
 
     @field_validator("feeds")
     @classmethod
@@ -396,6 +399,14 @@ class Domain(_Model):
                     ("other_watts",),
                     f"other_watts {self.other_watts:g} leaves no room under the cap of {cap:g} W",
                     self.other_watts,
+                )
+            )
+        if self.oversubscribe and cap is None:
+            problems.append(
+                _error(
+                    ("oversubscribe",),
+                    "no budget to oversubscribe: give the domain cap_watts or feeds",
+                    True,
                 )
             )
         problems += self._phase_problems(derating)
@@ -542,6 +553,79 @@ class Shedding(_Model):
     interval: Duration = 300.0
 
 
+#: The shortest lease of GPU limits: an agent renews at a third of it, and a renewal more
+#: often than every ~2 s would put the decider's refresh on the node agents' path.
+MIN_LEASE_S = 5.0
+
+
+class Ladder(_Model):
+    """The capping ladder of an oversubscribed domain (decider.capping.ladder), as shares of
+    the domain's budget: past `first_threshold` the lowest class is capped, past
+    `second_threshold` every class; a step is released after power has stayed below
+    (threshold − `release_margin`) × budget for `hold`. `floor_gpu_watts`: no GPU is capped
+    below it (None: the card's minimum alone)."""
+
+    first_threshold: float = Field(0.90, gt=0, le=1)
+    second_threshold: float = Field(0.97, gt=0, le=1)
+    release_margin: float = Field(0.05, ge=0, lt=1)
+    hold: Duration = 600.0
+    floor_gpu_watts: float | None = Field(None, gt=0, le=5000)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Ladder:
+        if not self.first_threshold < self.second_threshold:
+            raise ValueError(
+                f"first_threshold {self.first_threshold:g} must be below second_threshold "
+                f"{self.second_threshold:g}: the lowest class is capped first"
+            )
+        if not self.release_margin < self.first_threshold:
+            raise ValueError(
+                f"release_margin {self.release_margin:g} must be below first_threshold "
+                f"{self.first_threshold:g}: power could never go that far below it"
+            )
+        return self
+
+
+class Oversubscription(_Model):
+    """Site-wide settings of oversubscription, used only by the domains that opt in
+    (`Domain.oversubscribe`): the admission basis (the domain's measured power at
+    `percentile` over `window`, today's rule with less than `min_history` of it), the
+    capping ladder, and how long a node agent's lease of its GPU limits lasts."""
+
+    percentile: float = Field(0.99, gt=0, le=1)
+    window: Duration = 7 * 86400.0
+    min_history: Duration = 86400.0
+    ladder: Ladder = Ladder()
+    lease: Duration = 60.0
+
+    @model_validator(mode="after")
+    def _history_within_window(self) -> Oversubscription:
+        if self.min_history > self.window:
+            raise ValueError(
+                f"min_history {_seconds_text(self.min_history)} is longer than window "
+                f"{_seconds_text(self.window)}: the window never holds that much history"
+            )
+        return self
+
+    @field_validator("lease")
+    @classmethod
+    def _lease_long_enough(cls, seconds: float) -> float:
+        if seconds < MIN_LEASE_S:
+            raise ValueError(
+                f"a lease of {seconds:g}s is shorter than {MIN_LEASE_S:g}s: agents renew at a "
+                "third of it"
+            )
+        return seconds
+
+
+def _seconds_text(seconds: float) -> str:
+    """A duration as the file would write it: `7d`, `36h`, `90m`, `45s`."""
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
 ClassName = Annotated[str, Field(min_length=1, max_length=64)]
 
 
@@ -685,6 +769,8 @@ class Facility(_Model):
         return cast(Mode | Modes, handler(value))
 
     shedding: Shedding = Shedding()
+    #: Site-wide settings for the domains that set `oversubscribe: true` (docs/facility.md).
+    oversubscription: Oversubscription = Oversubscription()
     signals: Signals = Signals()
     #: Per node: the phase it draws from on each three-phase PDU (docs/facility.md "Phases").
     nodes: dict[Name, NodeWiring] = {}

@@ -45,12 +45,12 @@ LARGEST_FIGURE = 1e15
 #: The longest duration a file may set: a year.
 LONGEST_DURATION_S = 366 * 24 * 3600.0
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
 def parse_duration(value: Any) -> float:
-    """`5s`, `500ms`, `2m`, `1h` or a plain number of seconds, as seconds."""
+    """`5s`, `500ms`, `2m`, `1h`, `7d` or a plain number of seconds, as seconds."""
     if isinstance(value, bool):
         raise ValueError("a duration is a number of seconds or a string such as 5s, 500ms, 2m")
     if isinstance(value, int | float):
@@ -69,7 +69,7 @@ def parse_duration(value: Any) -> float:
     return seconds
 
 
-#: Seconds, written in YAML as `5s`, `500ms`, `2m` or a number.
+#: Seconds, written in YAML as `5s`, `500ms`, `2m`, `7d` or a number.
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 #: A file's path in a model with strict types: YAML has no path type, so its text is taken.
