@@ -85,7 +85,7 @@ dashboards: $(STAMP)
 
 bench: $(STAMP)
 	scripts/debian-packages.sh prometheus-node-exporter=prometheus-node-exporter promtool=prometheus gcc=gcc
-	$(BIN)/python benchmarks/exporter_scrape.py
+	$(BIN)/python benchmarks/exporter_scrape.py --check
 
 bench-rules: $(STAMP) debian-packages
 	$(BIN)/python benchmarks/rules_eval.py
