@@ -578,3 +578,101 @@ def test_every_fixture_loads(fake_nvml: FakeNvml, path: pathlib.Path):
         assert pynvml.nvmlDeviceGetPowerUsage(handle) == device["power_mw"]
     licences = {p.name for p in NVML_FIXTURES.glob("LICENSE.*")}
     assert licences == {"LICENSE.nvidia_gpu_exporter", "LICENSE.telegraf"}
+
+
+# --- power limits: constraints, the setter, the power that follows (issue 20) --------------------
+
+
+def cappable_h100(fake_nvml: FakeNvml, power_mw: int = 650_000) -> dict:
+    """The H100 at `power_mw`, with its range (200-700 W) and default limit (700 W)."""
+    config = fake_nvml.load_fixture("h100")
+    config["devices"][0].update(
+        power_mw=power_mw,
+        default_power_limit_mw=700_000,
+        power_limit_constraints_mw=[200_000, 700_000],
+    )
+    return config
+
+
+def test_a_set_limit_is_enforced_and_the_power_follows_it(fake_nvml: FakeNvml):
+    init_with(fake_nvml, cappable_h100(fake_nvml))
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert pynvml.nvmlDeviceGetPowerManagementLimitConstraints(handle) == [200_000, 700_000]
+    assert pynvml.nvmlDeviceGetPowerManagementDefaultLimit(handle) == 700_000
+    assert pynvml.nvmlDeviceGetPowerManagementLimit(handle) == 700_000
+    assert pynvml.nvmlDeviceGetPowerUsage(handle) == 650_000
+
+    pynvml.nvmlDeviceSetPowerManagementLimit(handle, 410_000)
+    assert pynvml.nvmlDeviceGetPowerManagementLimit(handle) == 410_000
+    assert pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) == 410_000
+    assert pynvml.nvmlDeviceGetPowerUsage(handle) == 410_000  # min(draw, limit)
+
+    # The limit is the driver's, not the file's: a changed file keeps it.
+    fake_nvml.configure(cappable_h100(fake_nvml, power_mw=300_000))
+    assert pynvml.nvmlDeviceGetPowerUsage(handle) == 300_000
+    assert pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) == 410_000
+
+
+def test_a_limit_outside_the_range_is_invalid_and_changes_nothing(fake_nvml: FakeNvml):
+    init_with(fake_nvml, cappable_h100(fake_nvml))
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    for limit in (199_999, 700_001):
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):
+            pynvml.nvmlDeviceSetPowerManagementLimit(handle, limit)
+    assert pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) == 700_000
+    assert pynvml.nvmlDeviceGetPowerUsage(handle) == 650_000
+
+
+def test_no_permission_and_no_range_are_refused(fake_nvml: FakeNvml):
+    config = cappable_h100(fake_nvml)
+    config["devices"][0]["errors"] = {"nvmlDeviceSetPowerManagementLimit": "NO_PERMISSION"}
+    init_with(fake_nvml, config)
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLError_NoPermission):
+        pynvml.nvmlDeviceSetPowerManagementLimit(handle, 410_000)
+    assert pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) == 700_000
+    # The fixture as captured: no range, no default: the card's limit cannot be set.
+    fake_nvml.configure(NVML_FIXTURES / "h100.json")
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetPowerManagementLimitConstraints(handle)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceSetPowerManagementLimit(handle, 410_000)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetPowerManagementDefaultLimit(handle)
+
+
+@pytest.mark.parametrize(
+    ("constraints", "reason"),
+    [
+        ([700_000, 200_000], "min 700000 is above max 200000"),
+        ([200_000], "must be null or [min, max]"),
+        ("200-700", "must be null or [min, max]"),
+    ],
+)
+def test_a_bad_range_makes_the_file_invalid(fake_nvml: FakeNvml, capfd, constraints, reason):
+    config = cappable_h100(fake_nvml)
+    config["devices"][0]["power_limit_constraints_mw"] = constraints
+    fake_nvml.configure(config)
+    with pytest.raises(pynvml.NVMLError_Unknown):
+        pynvml.nvmlInit()
+    assert reason in capfd.readouterr().err
+
+
+def test_the_state_file_carries_a_limit_past_the_process(
+    fake_nvml: FakeNvml, monkeypatch, tmp_path
+):
+    state = tmp_path / "nvml-state.json"
+    monkeypatch.setenv("FAKE_NVML_STATE", str(state))
+    init_with(fake_nvml, cappable_h100(fake_nvml))
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    pynvml.nvmlDeviceSetPowerManagementLimit(handle, 450_000)
+    assert json.loads(state.read_text()) == {"power_limits_mw": {H100_UUID: 450_000}}
+    fake_nvml.reset()  # as a new process: nothing held in memory
+    init_with(fake_nvml, cappable_h100(fake_nvml))
+    assert pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) == 450_000
+    assert pynvml.nvmlDeviceGetPowerUsage(handle) == 450_000
+    fake_nvml.reset()
+    state.write_text('{"power_limits_mw": {"GPU-x": "450 W"}}')
+    fake_nvml.configure(cappable_h100(fake_nvml))
+    with pytest.raises(pynvml.NVMLError_Unknown):
+        pynvml.nvmlInit()

@@ -9,6 +9,12 @@
  * changes (inode, size or nanosecond mtime), checked at the start of every
  * device-level and system-level call.
  *
+ * Power limits set through nvmlDeviceSetPowerManagementLimit are the
+ * driver's state, not the file's: kept per GPU uuid across re-reads and
+ * nvmlShutdown (as the driver keeps them until reboot), and, when
+ * $FAKE_NVML_STATE names a file, written there after every set and read
+ * back at nvmlInit*, so that a limit outlives the process that set it.
+ *
  * Build: gcc -shared -fPIC -O2 -Wall -Wextra -Werror -o libnvidia-ml.so.1 fake_nvml.c
  * No dependency beyond libc. Thread-safe: one mutex guards all state.
  */
@@ -35,6 +41,7 @@ typedef int nvmlReturn_t;
 #define NVML_ERROR_UNINITIALIZED 1
 #define NVML_ERROR_INVALID_ARGUMENT 2
 #define NVML_ERROR_NOT_SUPPORTED 3
+#define NVML_ERROR_NO_PERMISSION 4
 #define NVML_ERROR_NOT_FOUND 6
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_ERROR_UNKNOWN 999
@@ -175,6 +182,10 @@ static const struct err_desc k_errors[] = {
     X(nvmlDeviceGetFieldValues)                        \
     X(nvmlDeviceGetPowerUsage)                         \
     X(nvmlDeviceGetEnforcedPowerLimit)                 \
+    X(nvmlDeviceGetPowerManagementLimit)               \
+    X(nvmlDeviceGetPowerManagementLimitConstraints)    \
+    X(nvmlDeviceGetPowerManagementDefaultLimit)        \
+    X(nvmlDeviceSetPowerManagementLimit)               \
     X(nvmlDeviceGetTotalEnergyConsumption)             \
     X(nvmlDeviceGetCurrentClocksEventReasons)          \
     X(nvmlDeviceGetSupportedClocksEventReasons)        \
@@ -259,6 +270,9 @@ struct dev_cfg {
     char uuid[UUID_LEN];
     struct opt_u64 temp, memtemp, slowdown, shutdown;
     struct opt_u64 power, limit, energy, reasons, supported;
+    struct opt_u64 default_limit;  /* nvmlDeviceGetPowerManagementDefaultLimit */
+    int has_constraints;           /* 0: the card's limit cannot be set (NOT_SUPPORTED) */
+    unsigned int min_limit, max_limit;
     struct opt_u64 sm_count;
     uint64_t memory_size_mb;
     int mig_supported;           /* 0: nvmlDeviceGetMigMode -> NOT_SUPPORTED */
@@ -296,6 +310,14 @@ struct file_sig {
     time_t mtime_sec;
     long mtime_nsec;
 };
+
+/* Power limits set at run time, by GPU uuid: the driver's state, not the file's. */
+struct set_limit {
+    char uuid[UUID_LEN];
+    unsigned int mw;
+};
+static struct set_limit g_limits[MAX_DEVICES];
+static size_t g_nlimits;
 
 static char *g_path;              /* path the current config came from */
 static struct file_sig g_sig;     /* signature of the file it came from */
@@ -1121,7 +1143,7 @@ static int parse_device(const struct jval *d, size_t idx, struct dev_cfg *out, c
         "shutdown_temperature_c", "power_mw", "enforced_power_limit_mw", "total_energy_mj",
         "clocks_event_reasons", "supported_clocks_event_reasons", "multiprocessor_count",
         "memory_size_mb", "mig_mode", "max_mig_device_count", "mig_instances", "processes",
-        "errors", "delays_ms", NULL};
+        "errors", "delays_ms", "default_power_limit_mw", "power_limit_constraints_mw", NULL};
     char where[64];
     const struct jval *mig, *mode;
     uint64_t u;
@@ -1151,7 +1173,35 @@ static int parse_device(const struct jval *d, size_t idx, struct dev_cfg *out, c
     READING("clocks_event_reasons", reasons, UINT64_MAX);
     READING("supported_clocks_event_reasons", supported, UINT64_MAX);
     READING("multiprocessor_count", sm_count, UINT32_MAX);
+    READING("default_power_limit_mw", default_limit, UINT32_MAX);
 #undef READING
+    {
+        /* [min, max] in mW: the range nvmlDeviceSetPowerManagementLimit accepts */
+        const struct jval *range = jget(d, "power_limit_constraints_mw");
+        uint64_t lo, hi;
+        out->has_constraints = 0;
+        if (range != NULL && range->t != J_NULL) {
+            if (range->t != J_ARR || range->n != 2) {
+                set_err(err, errlen, "line %d: %s.power_limit_constraints_mw must be null or "
+                        "[min, max]", range->line, where);
+                return -1;
+            }
+            if (want_uint(&range->items[0], UINT32_MAX, "power_limit_constraints_mw[0]", &lo, err,
+                          errlen) < 0 ||
+                want_uint(&range->items[1], UINT32_MAX, "power_limit_constraints_mw[1]", &hi, err,
+                          errlen) < 0)
+                return -1;
+            if (lo > hi) {
+                set_err(err, errlen, "line %d: %s.power_limit_constraints_mw: min %llu is above "
+                        "max %llu", range->line, where, (unsigned long long)lo,
+                        (unsigned long long)hi);
+                return -1;
+            }
+            out->has_constraints = 1;
+            out->min_limit = (unsigned int)lo;
+            out->max_limit = (unsigned int)hi;
+        }
+    }
     if (uint_default(d, "memory_size_mb", UINT64_MAX, 0, where, &out->memory_size_mb, err,
                      errlen) < 0)
         return -1;
@@ -1404,6 +1454,136 @@ static void install_config(struct config *c, const char *path, const struct file
     g_path = p; /* NULL on OOM: forces a re-read next time, which is harmless */
     g_sig = *sig;
     g_have_failed_sig = 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Power limits set at run time, and their state file ($FAKE_NVML_STATE)    */
+/* ------------------------------------------------------------------------ */
+
+static struct set_limit *find_limit(const char *uuid)
+{
+    for (size_t i = 0; i < g_nlimits; i++)
+        if (strcmp(g_limits[i].uuid, uuid) == 0)
+            return &g_limits[i];
+    return NULL;
+}
+
+/* JSON string body: quotes, backslashes and control characters escaped. */
+static void put_json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch < 0x20)
+            fprintf(f, "\\u%04x", ch);
+        else
+            fputc(ch, f);
+    }
+    fputc('"', f);
+}
+
+/*
+ * {"power_limits_mw": {"<uuid>": mW, ...}} written to a temporary name and
+ * renamed over $FAKE_NVML_STATE, so a reader never sees half a file.
+ * Returns 0, or -1 with one line on stderr. Unset: nothing to write.
+ */
+static int write_state(const char *fn)
+{
+    const char *path = getenv("FAKE_NVML_STATE");
+    char tmp[4096];
+    FILE *f;
+    int ok;
+    if (path == NULL || path[0] == '\0')
+        return 0;
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp) {
+        log_line("%s: FAKE_NVML_STATE path too long", fn);
+        return -1;
+    }
+    f = fopen(tmp, "w");
+    if (f == NULL) {
+        log_line("%s: cannot write %s: %s", fn, tmp, strerror(errno));
+        return -1;
+    }
+    fputs("{\"power_limits_mw\": {", f);
+    for (size_t i = 0; i < g_nlimits; i++) {
+        fputs(i ? ", " : "", f);
+        put_json_string(f, g_limits[i].uuid);
+        fprintf(f, ": %u", g_limits[i].mw);
+    }
+    fputs("}}\n", f);
+    ok = !ferror(f);
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        log_line("%s: cannot write %s: %s", fn, path, strerror(errno));
+        remove(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+/*
+ * At nvmlInit*: when $FAKE_NVML_STATE names a file, the limits in it replace
+ * those held (the file is what the driver kept); a missing file means none.
+ * Returns 0, or -1 with one line on stderr (an unreadable or invalid file).
+ */
+static int read_state(const char *fn)
+{
+    const char *path = getenv("FAKE_NVML_STATE");
+    FILE *f;
+    char text[64 * 1024];
+    size_t len;
+    struct jval root;
+    const struct jval *limits;
+    char err[512];
+    if (path == NULL || path[0] == '\0')
+        return 0;
+    f = fopen(path, "rb");
+    if (f == NULL) {
+        if (errno == ENOENT) {
+            g_nlimits = 0;
+            return 0;
+        }
+        log_line("%s: cannot open %s: %s", fn, path, strerror(errno));
+        return -1;
+    }
+    len = fread(text, 1, sizeof text - 1, f);
+    if (ferror(f) || !feof(f)) {
+        log_line("%s: cannot read %s (or larger than 64 KiB)", fn, path);
+        fclose(f);
+        return -1;
+    }
+    fclose(f);
+    text[len] = '\0';
+    if (json_parse(text, len, &root, err, sizeof err) < 0) {
+        log_line("%s: %s: invalid JSON: %s", fn, path, err);
+        return -1;
+    }
+    limits = root.t == J_OBJ ? jget(&root, "power_limits_mw") : NULL;
+    if (limits == NULL || limits->t != J_OBJ || limits->n > MAX_DEVICES) {
+        log_line("%s: %s: needs {\"power_limits_mw\": {uuid: mW, ...}} (at most %d GPUs)", fn,
+                 path, MAX_DEVICES);
+        jfree(&root);
+        return -1;
+    }
+    for (size_t i = 0; i < limits->n; i++) {
+        uint64_t mw;
+        if (strlen(limits->keys[i]) + 1 > UUID_LEN ||
+            want_uint(&limits->items[i], UINT32_MAX, limits->keys[i], &mw, err, sizeof err) < 0) {
+            log_line("%s: %s: bad entry \"%s\": %s", fn, path, limits->keys[i],
+                     strlen(limits->keys[i]) + 1 > UUID_LEN ? "uuid too long" : err);
+            jfree(&root);
+            return -1;
+        }
+    }
+    g_nlimits = limits->n;
+    for (size_t i = 0; i < limits->n; i++) {
+        memcpy(g_limits[i].uuid, limits->keys[i], strlen(limits->keys[i]) + 1);
+        g_limits[i].mw = (unsigned int)limits->items[i].mag;
+    }
+    jfree(&root);
+    return 0;
 }
 
 /* At nvmlInit*: always read. Returns 0 or -1 (with one line on stderr). */
@@ -1672,7 +1852,7 @@ static nvmlReturn_t do_init(enum fn_id fn)
     long v;
     pthread_mutex_lock(&g_lock);
     g_calls[fn]++;
-    if (load_at_init(k_fn_names[fn]) < 0)
+    if (load_at_init(k_fn_names[fn]) < 0 || read_state(k_fn_names[fn]) < 0)
         return leave(NVML_ERROR_UNKNOWN);
     if (map_lookup(&g_cfg->errors, k_fn_names[fn], &v) && v != NVML_SUCCESS)
         return leave((nvmlReturn_t)v);
@@ -1955,8 +2135,110 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCoun
         return leave(put_u64(&c.d->field, out));                               \
     }
 
-READING_U32(nvmlDeviceGetPowerUsage, power)
-READING_U32(nvmlDeviceGetEnforcedPowerLimit, limit)
+READING_U32(nvmlDeviceGetPowerManagementDefaultLimit, default_limit)
+
+/* A card whose limit was set draws what the file says, up to that limit. */
+EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power)
+{
+    struct call c;
+    const struct set_limit *set;
+    nvmlReturn_t r = enter(&c, FN_nvmlDeviceGetPowerUsage, device, H_PHYS);
+    if (r != NVML_SUCCESS)
+        return leave(r);
+    r = put_u32(&c.d->power, power);
+    set = find_limit(c.d->uuid);
+    if (r == NVML_SUCCESS && set != NULL && *power > set->mw)
+        *power = set->mw;
+    return leave(r);
+}
+
+/* The limit set at run time, else the file's enforced_power_limit_mw. */
+EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *limit)
+{
+    struct call c;
+    const struct set_limit *set;
+    nvmlReturn_t r = enter(&c, FN_nvmlDeviceGetEnforcedPowerLimit, device, H_PHYS);
+    if (r != NVML_SUCCESS)
+        return leave(r);
+    set = find_limit(c.d->uuid);
+    if (set == NULL || limit == NULL)
+        return leave(put_u32(&c.d->limit, limit));
+    *limit = set->mw;
+    return leave(NVML_SUCCESS);
+}
+
+/* The limit set at run time, else the card's default limit. */
+EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int *limit)
+{
+    struct call c;
+    const struct set_limit *set;
+    nvmlReturn_t r = enter(&c, FN_nvmlDeviceGetPowerManagementLimit, device, H_PHYS);
+    if (r != NVML_SUCCESS)
+        return leave(r);
+    set = find_limit(c.d->uuid);
+    if (set == NULL || limit == NULL)
+        return leave(put_u32(&c.d->default_limit, limit));
+    *limit = set->mw;
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t device,
+                                                                 unsigned int *minLimit,
+                                                                 unsigned int *maxLimit)
+{
+    struct call c;
+    nvmlReturn_t r = enter(&c, FN_nvmlDeviceGetPowerManagementLimitConstraints, device, H_PHYS);
+    if (r != NVML_SUCCESS)
+        return leave(r);
+    if (minLimit == NULL || maxLimit == NULL)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (!c.d->has_constraints)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    *minLimit = c.d->min_limit;
+    *maxLimit = c.d->max_limit;
+    return leave(NVML_SUCCESS);
+}
+
+/*
+ * Outside [min, max] -> INVALID_ARGUMENT, as the driver answers; a card with
+ * no power_limit_constraints_mw -> NOT_SUPPORTED. NO_PERMISSION (not root)
+ * comes from the file's "errors", like every injected error.
+ */
+EXPORT nvmlReturn_t nvmlDeviceSetPowerManagementLimit(nvmlDevice_t device, unsigned int limit)
+{
+    struct call c;
+    struct set_limit *set, before;
+    int added = 0;
+    nvmlReturn_t r = enter(&c, FN_nvmlDeviceSetPowerManagementLimit, device, H_PHYS);
+    if (r != NVML_SUCCESS)
+        return leave(r);
+    if (!c.d->has_constraints)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (limit < c.d->min_limit || limit > c.d->max_limit)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    set = find_limit(c.d->uuid);
+    if (set == NULL) {
+        if (g_nlimits == MAX_DEVICES) {
+            log_line("nvmlDeviceSetPowerManagementLimit: limits held for %d GPUs already",
+                     MAX_DEVICES);
+            return leave(NVML_ERROR_UNKNOWN);
+        }
+        set = &g_limits[g_nlimits++];
+        memcpy(set->uuid, c.d->uuid, sizeof set->uuid);
+        added = 1;
+    }
+    before = *set;
+    set->mw = limit;
+    if (write_state("nvmlDeviceSetPowerManagementLimit") < 0) {
+        /* nothing half-applied: the limit stays what the state file says */
+        if (added)
+            g_nlimits--;
+        else
+            *set = before;
+        return leave(NVML_ERROR_UNKNOWN);
+    }
+    return leave(NVML_SUCCESS);
+}
 READING_U64(nvmlDeviceGetTotalEnergyConsumption, energy)
 READING_U64(nvmlDeviceGetCurrentClocksEventReasons, reasons)
 READING_U64(nvmlDeviceGetSupportedClocksEventReasons, supported)
@@ -2204,6 +2486,7 @@ EXPORT void fakeNvmlReset(void)
     g_path = NULL;
     g_have_failed_sig = 0;
     memset(g_calls, 0, sizeof g_calls);
+    g_nlimits = 0;
     pthread_mutex_unlock(&g_lock);
 }
 
