@@ -21,7 +21,13 @@ from typing import Any, cast
 from decider.facility import KINDS, PHASES, DomainRef, Kind
 from decider.giving_way import Pause, no_pause, paced
 from decider.prometheus_reader import QueryError
-from decider.snapshot import EVIDENCE_FIGURES, Condition, Evidence, ProfileFigures
+from decider.snapshot import (
+    EVIDENCE_FIGURES,
+    Condition,
+    DomainPeak,
+    Evidence,
+    ProfileFigures,
+)
 
 #: A domain showing two conditions at once (two rulers, or a state set read half written
 #: where a ruler's write is no transaction: vmalert, docs/rules.md)
@@ -226,6 +232,8 @@ def parse_part(part: str, samples: list[Sample], dropped: Dropped, pause: Pause 
         return _cpu_models(samples, dropped)
     if part == "evidence":
         return _evidence(samples, dropped)
+    if part == "peaks":
+        return _peaks(samples, dropped)
     raise AssertionError(f"no parser for part {part!r}")
 
 
@@ -373,3 +381,39 @@ def settle_conditions(
         f"{len(read.half_written)} domain(s) read with no condition at 1 twice (a state set "
         f"half written), e.g. {first}: each keeps its previous condition, else unknown"
     )
+
+
+@dataclass(frozen=True)
+class PeaksRead:
+    """The peaks part as read (decider.peaks): per domain its measured peak and history, per
+    (model, profile) the peak of one replica."""
+
+    domains: dict[DomainRef, DomainPeak]
+    units: dict[tuple[str, str], float]
+
+
+#: The figures of the peaks part, by its `figure` label: of a domain, or of a model profile.
+PEAK_DOMAIN_FIGURES = ("peak_watts", "history_seconds")
+PEAK_UNIT_FIGURE = "unit_peak_watts"
+
+
+def _peaks(samples: list[Sample], dropped: Dropped) -> PeaksRead:
+    """A negative figure, or an unknown one, is left out alone; a unit series with no model or
+    profile name (docs/energy.md) is no profile anyone asks for, left out without a note. Two
+    series of one figure keep the larger: more power, more history."""
+    domains: dict[DomainRef, dict[str, float]] = {}
+    units: dict[tuple[str, str], float] = {}
+    for sample in samples:
+        figure = sample.labels.get("figure", "")
+        if figure not in (*PEAK_DOMAIN_FIGURES, PEAK_UNIT_FIGURE):
+            dropped.add(sample, f"figure {figure!r} is not a peaks figure")
+        elif (why := _not_negative(sample.value)) is not None:
+            dropped.add(sample, why)
+        elif figure == PEAK_UNIT_FIGURE:
+            key = (sample.labels.get("model", ""), sample.labels.get("profile", ""))
+            if all(key):
+                units[key] = max(sample.value, units.get(key, sample.value))
+        elif (domain := _domain(sample, dropped)) is not None:
+            found = domains.setdefault(domain, {})
+            found[figure] = max(sample.value, found.get(figure, sample.value))
+    return PeaksRead({domain: DomainPeak(**figures) for domain, figures in domains.items()}, units)

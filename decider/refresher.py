@@ -38,6 +38,7 @@ from decider.prometheus_parse import (
     ConditionsRead,
     Dropped,
     MeasuredRead,
+    PeaksRead,
     merge_profiles,
     parse_part,
     read_samples,
@@ -233,6 +234,7 @@ def _previous_data(previous: Snapshot, part: str) -> Any:
         "hot": previous.hot_seconds,
         "cpus": previous.cpu_models,
         "evidence": previous.evidence,
+        "peaks": PeaksRead(dict(previous.domain_peaks), dict(previous.unit_peak_watts)),
     }[part]
 
 
@@ -285,9 +287,12 @@ def refresh(
     hot_lookback_seconds: float = HOT_LOOKBACK_S,
     keep: frozenset[str] = frozenset(),
     pause: Pause = no_pause,
+    peaks_query: str | None = None,
 ) -> Snapshot:
     """A new Snapshot: each part read anew, or, where its query failed, kept from `previous`;
     the parts in `keep` are not queried: their data, read time and note are `previous`'s.
+    `peaks_query`: the optional `peaks` part's (decider.peaks), read where given; None: the
+    snapshot has no such part.
 
     Returns within about the reader's budget (one query's timeout × attempts), or soon after
     `cancel` is set. Never raises. `domains` is the inventory and every member's domain;
@@ -296,15 +301,19 @@ def refresh(
     """
     try:
         texts = queries(window_seconds, inventory_window_seconds, hot_lookback_seconds)
+        if peaks_query is not None:
+            texts["peaks"] = peaks_query
         asked = {p: t for p, t in texts.items() if p not in keep}
         outcomes = _run_all(reader, asked, cancel, pause)
     except Exception as exc:  # e.g. no thread could be started: keep everything as it was
         message = _one_line(f"refresh failed before any query: {type(exc).__name__}: {exc}")
         outcomes = {part: QueryError(message) for part in PARTS if part not in keep}
+        if peaks_query is not None and "peaks" not in keep:
+            outcomes["peaks"] = QueryError(message)
 
     data: dict[str, Any] = {}
     parts: dict[str, Part] = {}
-    for part in PARTS:
+    for part in (*PARTS, "peaks") if peaks_query is not None else PARTS:
         if part in keep:
             data[part] = _previous_data(previous, part)
             parts[part] = previous.parts.get(part, Part())
@@ -346,6 +355,8 @@ def refresh(
         hot_seconds=MappingProxyType(dict(data["hot"])),
         cpu_models=MappingProxyType(dict(data["cpus"])),
         evidence=MappingProxyType(dict(data["evidence"])),
+        domain_peaks=MappingProxyType(dict(data["peaks"].domains) if "peaks" in data else {}),
+        unit_peak_watts=MappingProxyType(dict(data["peaks"].units) if "peaks" in data else {}),
         parts=MappingProxyType(parts),
         prometheus_up=not any(isinstance(outcome, QueryError) for outcome in outcomes.values()),
     )
@@ -373,6 +384,9 @@ class Refresher:
         self.inventory_window_seconds = inventory_window_seconds
         #: The `hot` part's lookback: shedding.hot_for + interval (decider.service).
         self.hot_lookback_seconds = HOT_LOOKBACK_S
+        #: The optional `peaks` part's query (decider.peaks.query, set by decider.service);
+        #: None: no domain opts in to oversubscription, and the part is not read.
+        self.peaks_query: str | None = None
         self.on_refresh = on_refresh
         #: A pause for parsing the answers, given its limit in seconds (decider.giving_way).
         self._give_way = give_way
@@ -437,9 +451,10 @@ class Refresher:
         if self._read_all:
             return frozenset()
         snapshot = self.snapshot
+        # The peaks part, a week's quantiles, at the inventory's pace too: it moves slowly.
         return frozenset(
             name
-            for name in INVENTORY_PARTS
+            for name in (*INVENTORY_PARTS, "peaks")
             if name not in self._failed
             and (read_at := snapshot.parts.get(name, Part()).read_at) is not None
             and now - read_at < self.inventory_every_seconds
@@ -495,6 +510,7 @@ class Refresher:
                     hot_lookback_seconds=self.hot_lookback_seconds,
                     keep=keep,
                     pause=pause,
+                    peaks_query=self.peaks_query,
                 )
             finally:
                 with self._configuring:
@@ -506,7 +522,9 @@ class Refresher:
             if reader is not self._reader:
                 return self.snapshot  # read from the Prometheus of the config before a reload
             self._failed = frozenset(
-                name for name in INVENTORY_PARTS - keep if snapshot.parts[name].read_at != now
+                name
+                for name in (INVENTORY_PARTS | {"peaks"}) - keep
+                if name in snapshot.parts and snapshot.parts[name].read_at != now
             )
             self.snapshot = snapshot
             self._log_change(snapshot)

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 
 from decider import config as decider_config
 from decider import facility as facility_file
+from decider import peaks
 from decider.config import DeciderConfig
 from decider.decisions import DecisionLog
 from decider.domains_json import domain_json
@@ -163,6 +164,7 @@ class Service:
         self.decisions = DecisionLog()  # the status page's recent decisions
         self.registry.register(DomainCollector(self.state.view))
         self.refresher.hot_lookback_seconds = hot_lookback(loaded.facility)
+        self.refresher.peaks_query = peaks.query(loaded.facility)
         self.shedder = Shedder(self.store, self.state.view, time.time, self.state.record_proposals)
         self.registry.register(SheddingCollector(self.shedder))
         self._database_problem: str | None = None
@@ -262,6 +264,7 @@ class Service:
             self.refresher.window_seconds = loaded.config.staleness.readings
             self.refresher.inventory_window_seconds = loaded.config.staleness.inventory
             self.refresher.hot_lookback_seconds = hot_lookback(loaded.facility)
+            self.refresher.peaks_query = peaks.query(loaded.facility)
             self.refresher.reconfigure(loaded.config)
             for name in ignored:
                 log.warning("reload: %s changed; it takes effect at the next restart", name)

@@ -36,6 +36,15 @@ PARTS: dict[str, str] = {
     "throttled GPUs, racks hot, how long warm (llmgw_domain_inlet_temperature_celsius and "
     "others)",
 }
+#: Parts read only where the facility file asks for them, and what each one holds: a
+#: snapshot's `parts` names them only then, so a site that does not opt in has none of them
+#: (the refresher's query for each: decider.peaks).
+OPTIONAL_PARTS: dict[str, str] = {
+    "peaks": "each oversubscribed domain's measured power at the facility file's percentile "
+    "over its window and the history it has (quantile_over_time of "
+    "llmgw_domain_measured_watts), and each model profile's peak per replica "
+    "(llmgw:unit_power_watts)",
+}
 #: Parts that describe the site's layout and hardware: they change rarely and stay usable
 #: for `staleness.inventory`; the others are readings, usable for `staleness.readings`.
 INVENTORY_PARTS = frozenset({"membership", "inventory", "gpus", "limits", "cpus"})
@@ -102,6 +111,16 @@ class Evidence:
     hot_seconds: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class DomainPeak:
+    """One domain's measured power at the oversubscription percentile over its window
+    (`peak_watts`), and how many seconds of measurements the window holds (`history_seconds`:
+    since its first sample in the window, to the step of the query). None: not read."""
+
+    peak_watts: float | None = None
+    history_seconds: float | None = None
+
+
 #: The figures of Evidence, as the evidence query's `figure` label names them.
 EVIDENCE_FIGURES = frozenset(Evidence.__slots__) - {"hot_seconds"}
 
@@ -121,6 +140,9 @@ class Snapshot:
     - `hot_seconds`: per domain hot now, how long it has been hot (decider.shedding).
     - `cpu_models`: each node's CPU models, sorted (the watts per core of a CPU replica).
     - `evidence`: per domain, the figures its condition rests on (decider.placement.evidence).
+    - `domain_peaks`, `unit_peak_watts`: the optional `peaks` part (OPTIONAL_PARTS): per
+      oversubscribed domain its measured peak and history, per (model, profile) the peak of
+      one replica (decider.placement.predicted_peak).
     - `parts`: per part of PARTS, when it was last read and the last error.
     """
 
@@ -138,6 +160,8 @@ class Snapshot:
     hot_seconds: Mapping[DomainRef, float] = field(default_factory=_empty)
     cpu_models: Mapping[str, tuple[str, ...]] = field(default_factory=_empty)
     evidence: Mapping[DomainRef, Evidence] = field(default_factory=_empty)
+    domain_peaks: Mapping[DomainRef, DomainPeak] = field(default_factory=_empty)
+    unit_peak_watts: Mapping[tuple[str, str], float] = field(default_factory=_empty)
     parts: Mapping[str, Part] = field(default_factory=lambda: {name: Part() for name in PARTS})
     #: Whether the last refresh reached Prometheus and every query succeeded.
     prometheus_up: bool = False
@@ -163,7 +187,7 @@ class Snapshot:
         missing: list[str] = []
         for name, part in self.parts.items():
             limit = inventory_limit if name in INVENTORY_PARTS else readings_limit
-            what = PARTS[name]
+            what = PARTS[name] if name in PARTS else OPTIONAL_PARTS[name]
             if part.read_at is None:
                 reason = f": {part.error}" if part.error else ""
                 missing.append(f"{what}: never read from Prometheus{reason}")
