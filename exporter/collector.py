@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -82,11 +82,18 @@ def source_health(runner: SourceRunner) -> list[Sample]:
 class ExporterCollector(Collector):
     """Serves what the runners last read; never touches a sensor itself."""
 
-    def __init__(self, config: AgentConfig, runners: Iterable[SourceRunner]) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        runners: Iterable[SourceRunner],
+        extra: Iterable[Callable[[], list[Sample]]] = (),
+    ) -> None:
         self.node = config.node
         self.config = config
         self.declared = declared_samples(config)
         self.runners = list(runners)
+        #: What else the process publishes from state it keeps (the capping agent's view).
+        self.extra = list(extra)
 
     def collect(self) -> Iterator[Metric]:
         samples = list(self.declared)
@@ -98,6 +105,8 @@ class ExporterCollector(Collector):
             samples.extend(source_health(runner))
             samples.extend(runner.source.counter_resets())
         samples.extend(includes_gpus(self.config, samples))
+        for more in self.extra:
+            samples.extend(more())
         yield from self.families(samples)
 
     def families(self, samples: Iterable[Sample]) -> Iterator[Metric]:

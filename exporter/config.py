@@ -20,6 +20,11 @@ sources:                         # every source is on by default
   cray:  {enabled: true, interval: 5s}
   hwmon_power: {enabled: true, interval: 5s}
   units: {glob: "kubepods.slice/*/*", pattern: '(?P<unit>[^/]+)$'}  # off until glob is set
+capping:                         # the capping agent (docs/exporter.md); off by default
+  enabled: true
+  decider_url: http://decider.llmgw:9860
+  token_file: /etc/llmgw/decider-token
+  state_file: /var/lib/llmgw-exporter/capping.json
 ```
 
 Every source also takes `deadline` (how long one poll may take before it is
@@ -32,13 +37,15 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from exporter.sources import SOURCES
 from exporter.sources.base import SourceConfig
-from llmgw_common.yamlfile import load_model
+from exporter.sources.ipmi import IpmiConfig
+from exporter.sources.redfish import RedfishConfig
+from llmgw_common.yamlfile import ConfigError, Duration, FilePath, load_model
 
 DEFAULT_PORT = 9850
 
@@ -79,6 +86,90 @@ class Labels(BaseModel):
         return [feed.strip() for feed in self.pdu.split(",") if feed.strip()]
 
 
+class BmcTarget(BaseModel):
+    """One BMC of `bmcs`, read when Prometheus probes it (`/bmc?target=NODE`,
+    exporter/bmc_probe.py): its node's `labels` and `bmc_includes_gpus`, and its BMC's
+    out-of-band section, `ipmi` (with `host`) or `redfish` (with `url`): the keys of
+    `sources.ipmi` / `sources.redfish`, checked by the same models."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    labels: Labels = Labels()
+    bmc_includes_gpus: bool | None = Field(None, strict=True)
+    ipmi: IpmiConfig | None = None
+    redfish: RedfishConfig | None = None
+
+    @model_validator(mode="after")
+    def _one_bmc_read_out_of_band(self) -> BmcTarget:
+        if (self.ipmi is None) == (self.redfish is None):
+            raise ValueError("set one of ipmi (with host) or redfish (with url): the BMC's way in")
+        if self.ipmi is not None and self.ipmi.host is None:
+            raise ValueError("ipmi needs host: a BMC target is read over the LAN, not in-band")
+        if self.redfish is not None and self.redfish.url is None:
+            raise ValueError("redfish needs url: the BMC's address")
+        if not self.source[1].enabled:
+            raise ValueError("a BMC target is read whenever it is probed: remove it instead")
+        return self
+
+    @property
+    def source(self) -> tuple[str, IpmiConfig | RedfishConfig]:
+        """(the source's name, its section)."""
+        if self.ipmi is not None:
+            return "ipmi", self.ipmi
+        assert self.redfish is not None  # the validator says one of them is set
+        return "redfish", self.redfish
+
+
+#: The BMCs one exporter reads on request, by node name (the `node` of their series).
+BmcTargets = dict[Annotated[str, Field(min_length=1)], BmcTarget]
+
+
+class BmcTargetsFile(BaseModel):
+    """A file that `bmcs_file` names: the same `bmcs:` section, in a file of its own."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    bmcs: BmcTargets
+
+
+class CappingConfig(BaseModel):
+    """`capping`: the agent that applies the decider's GPU power limits (exporter/capping.py).
+
+    Off by default: a node applies limits only where agent.yaml turns it on.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    enabled: bool = False
+    #: The decider's base URL, `http(s)://host:port`.
+    decider_url: str | None = None
+    #: The decider's bearer token (its `token_file`): one line, read at every request.
+    token_file: FilePath | None = None
+    #: Where the agent keeps its last lease and which GPUs it capped (written atomically).
+    state_file: FilePath = Path("/var/lib/llmgw-exporter/capping.json")
+    #: How long one lease request may take, connection to last byte, before it is a failure.
+    timeout: Duration = 10.0
+    #: How long setting the GPUs' limits may take before NVML is taken for stuck.
+    nvml_deadline: Duration = 10.0
+    #: Between two requests while the agent holds no lease (with one: lease_seconds / 3).
+    retry: Duration = 10.0
+
+    @field_validator("decider_url")
+    @classmethod
+    def _url_is_http(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        return url.rstrip("/") if url is not None else None
+
+    @model_validator(mode="after")
+    def _enabled_needs_a_decider(self) -> CappingConfig:
+        if self.enabled:
+            missing = [key for key in ("decider_url", "token_file") if getattr(self, key) is None]
+            if missing:
+                raise ValueError(f"capping is enabled but {' and '.join(missing)} not set")
+        return self
+
+
 class AgentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -90,6 +181,11 @@ class AgentConfig(BaseModel):
     bmc_includes_gpus: bool | None = Field(None, strict=True)
     listen: str = f":{DEFAULT_PORT}"
     sources: Sources = Sources()  # type: ignore[valid-type]
+    #: BMCs read out-of-band on request, one Prometheus target each (exporter/bmc_probe.py),
+    #: listed here or in `bmcs_file` (a file holding a `bmcs:` section), not both.
+    bmcs: BmcTargets = Field(default_factory=dict)
+    bmcs_file: FilePath | None = None
+    capping: CappingConfig = CappingConfig()
 
     @field_validator("listen")
     @classmethod
@@ -114,4 +210,12 @@ class AgentConfig(BaseModel):
 
 def load(path: Path | None) -> AgentConfig:
     """agent.yaml, or the defaults when no file is given. Raises yamlfile.ConfigError."""
-    return AgentConfig() if path is None else load_model(path, AgentConfig)
+    if path is None:
+        return AgentConfig()
+    config = load_model(path, AgentConfig)
+    if config.bmcs_file is not None:  # relative to agent.yaml's folder
+        if config.bmcs:
+            raise ConfigError(path, ["1: bmcs: list the BMCs here or in bmcs_file, not both"])
+        listed = load_model(path.parent / config.bmcs_file, BmcTargetsFile).bmcs
+        config = config.model_copy(update={"bmcs": listed})
+    return config

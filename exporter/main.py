@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 
@@ -21,6 +22,9 @@ from exporter.poller import SourceRunner
 from exporter.sources import SOURCES
 from exporter.web import make_app, serve, status_page
 from llmgw_common.yamlfile import ConfigError
+
+if TYPE_CHECKING:
+    from exporter.capping import CappingAgent
 
 log = logging.getLogger("llmgw-exporter")
 
@@ -79,9 +83,11 @@ def nvml_library(config: agent_config.AgentConfig) -> str | None:
     return libraries[0] if libraries else None
 
 
-def build_runners(config: agent_config.AgentConfig, sysfs: Path) -> list[SourceRunner]:
+def build_runners(
+    config: agent_config.AgentConfig, sysfs: Path, nvml: Nvml | None = None
+) -> list[SourceRunner]:
     """A runner per enabled source; those that read NVML share one `Nvml`."""
-    nvml = Nvml(nvml_library(config))
+    nvml = nvml or Nvml(nvml_library(config))
     runners = []
     for name, cls in SOURCES.items():
         source_config = config.source(name)
@@ -95,10 +101,13 @@ def build_runners(config: agent_config.AgentConfig, sysfs: Path) -> list[SourceR
 
 
 def build_registry(
-    config: agent_config.AgentConfig, runners: list[SourceRunner]
+    config: agent_config.AgentConfig,
+    runners: list[SourceRunner],
+    agent: CappingAgent | None = None,
 ) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ExporterCollector(config, runners))
+    extra = [] if agent is None else [agent.samples]
+    registry.register(ExporterCollector(config, runners, extra))
     return registry
 
 
@@ -172,11 +181,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llmgw-exporter: --listen: {exc}", file=sys.stderr)
         return 2
 
-    runners = build_runners(config, args.sysfs)
-    registry = build_registry(config, runners)
+    nvml = Nvml(nvml_library(config))
+    runners = build_runners(config, args.sysfs, nvml)
+    agent = None
+    if config.capping.enabled and not args.once:
+        # Imported only where a node turns capping on (the exporter's memory target).
+        from exporter.capping import CappingAgent
+
+        agent = CappingAgent(config.capping, config.node, nvml)
+    registry = build_registry(config, runners, agent)
     stop = threading.Event()
     for runner in runners:
         runner.start(stop)
+    if agent is not None:
+        agent.start(stop)
 
     if args.once:
         timeout = 10 + 3 * max((runner.interval for runner in runners), default=0)
@@ -189,13 +207,23 @@ def main(argv: list[str] | None = None) -> int:
 
     registry.register(ProcessCollector(registry=None))
     disabled = [name for name in SOURCES if not config.source(name).enabled]
-    app = make_app(registry, lambda: status_page(config, runners, disabled))
+    probes = None
+    if isinstance(config.bmcs, dict) and config.bmcs:
+        # Imported only where agent.yaml lists BMCs to read on request.
+        from exporter.bmc_probe import PATH, BmcProbes
+
+        probes = BmcProbes(config.bmcs, args.sysfs)
+        log.info("reading %d BMCs when probed: %s?target=NODE", len(config.bmcs), PATH)
+    routes = {} if probes is None else {PATH: probes.app}
+    app = make_app(registry, lambda: status_page(config, runners, disabled), routes)
     host, port = config.listen_address
     try:
         server = serve(host, port, app)
     except OSError as exc:
         print(f"llmgw-exporter: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
         stop.set()
+        if agent is not None:
+            agent.close()
         return 1
 
     def shutdown(signum: int, frame: FrameType | None) -> None:
@@ -219,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
         release_freed_heap(libc)
     server.serve_forever()
     stop_all(stop, runners)
+    if probes is not None:
+        probes.close()
+    if agent is not None:
+        agent.close()
     return 0
 
 

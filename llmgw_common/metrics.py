@@ -102,6 +102,52 @@ _SPECS = [
         "gauge",
         "Power draw of the node's GPUs together (the sum of llmgw_gpu_power_watts).",
     ),
+    # the capping agent (exporter/capping.py; agent.yaml `capping`, off by default)
+    MetricSpec(
+        "llmgw_gpu_power_cap_watts",
+        "gauge",
+        "Power limit the capping agent holds this GPU at (a lease's cap or the safe cap);"
+        " absent where the agent leaves the GPU alone.",
+        ("gpu", "uuid"),
+    ),
+    MetricSpec(
+        "llmgw_capping_agent_state",
+        "gauge",
+        "The capping agent's state, one series per state, 1 for the current one: leased"
+        " (a lease in force), safe (the safe cap: no lease renewed in time, or at start),"
+        " off (no lease: the GPUs left alone).",
+        ("state",),
+    ),
+    MetricSpec(
+        "llmgw_capping_agent_up",
+        "gauge",
+        "1 if the capping agent's last lease request and its last setting of the GPUs'"
+        " limits both worked, else 0.",
+    ),
+    MetricSpec(
+        "llmgw_capping_agent_failing",
+        "gauge",
+        "1 while the capping agent fails, labelled why: decider (no lease: unreachable,"
+        " refusing the token, an error or a body that is not a lease), refused (a limit"
+        " outside a card's range) or nvml (NVML could not set a limit: no permission...).",
+        ("reason",),
+    ),
+    MetricSpec(
+        "llmgw_capping_lease_expiry_timestamp_seconds",
+        "gauge",
+        "Unix time the capping agent's lease runs out; past it without a renewal the agent"
+        " applies the safe cap.",
+    ),
+    MetricSpec(
+        "llmgw_capping_safe_gpu_limit_watts",
+        "gauge",
+        "The per-GPU safe cap of the capping agent's last lease, applied when it runs out.",
+    ),
+    MetricSpec(
+        "llmgw_capping_last_renewal_timestamp_seconds",
+        "gauge",
+        "Unix time the capping agent last received a lease from the decider.",
+    ),
     # cpuinfo
     MetricSpec(
         "llmgw_node_cpu_info",
