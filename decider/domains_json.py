@@ -1,6 +1,6 @@
 """A domain as the API's answers and the status page show it: budget, load, condition and
-its evidence, hold, override, and a three-phase pdu's phases. Below both, so that the
-service never imports the API."""
+its evidence, hold, override, a three-phase pdu's phases, and an oversubscribed domain's
+admission basis. Below both, so that the service never imports the API."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from decider import overrides
 from decider.facility import DomainRef
 from decider.placement import evidence as thermal_evidence
 from decider.placement import phases
+from decider.placement.predicted_peak import Prediction
 from decider.placement.view import View
 from decider.snapshot import Condition
 
@@ -17,26 +18,40 @@ from decider.snapshot import Condition
 def domain_json(view: View, ref: DomainRef) -> dict[str, Any]:
     domain = view.domain(ref)
     held = domain.held
-    return {
-        "kind": ref.kind,
-        "domain": ref.name,
-        "declared": view.facility.domain(ref.kind, ref.name) is not None,
-        "cap_watts": domain.cap,
-        "limit_watts": domain.limit,
-        "other_watts": domain.other_watts,
-        "reserved_watts": round(domain.reserved, 1),
-        "measured_watts": domain.measured,
-        "load_watts": round(domain.load, 1),
-        "load_basis": domain.load_basis,
-        # room_watts: limit - load, what placement allows; headroom_watts: cap - load.
-        "room_watts": None if domain.room is None else round(domain.room, 1),
-        "headroom_watts": None if domain.headroom is None else round(domain.headroom, 1),
-        "condition": domain.condition,
-        "reading_age_seconds": domain.reading_age,
-        "held": None if held is None else {"reason": held.reason, "since": held.held_at},
-        "override": override_json(view, ref),
-        "evidence": evidence_words(view, ref, domain.condition),
-    } | phases_json(view, ref)
+    return (
+        {
+            "kind": ref.kind,
+            "domain": ref.name,
+            "declared": view.facility.domain(ref.kind, ref.name) is not None,
+            "cap_watts": domain.cap,
+            "limit_watts": domain.limit,
+            "other_watts": domain.other_watts,
+            "reserved_watts": round(domain.reserved, 1),
+            "measured_watts": domain.measured,
+            "load_watts": round(domain.load, 1),
+            "load_basis": domain.load_basis,
+            # room_watts: limit - load, what placement allows; headroom_watts: cap - load.
+            "room_watts": None if domain.room is None else round(domain.room, 1),
+            "headroom_watts": None if domain.headroom is None else round(domain.headroom, 1),
+            "condition": domain.condition,
+            "reading_age_seconds": domain.reading_age,
+            "held": None if held is None else {"reason": held.reason, "since": held.held_at},
+            "override": override_json(view, ref),
+            "evidence": evidence_words(view, ref, domain.condition),
+        }
+        | phases_json(view, ref)
+        | admission_json(domain.prediction, domain.limit, domain.other_watts)
+    )
+
+
+def admission_json(
+    prediction: Prediction | None, limit: float | None, other_watts: float
+) -> dict[str, Any]:
+    """An oversubscribed domain's admission basis, `predicted` or `reserved` (today's rule),
+    with its figures (decider.placement.predicted_peak); nothing for any other domain."""
+    if prediction is None:
+        return {}
+    return {"admission": prediction.as_json(limit, other_watts)}
 
 
 def evidence_words(view: View, ref: DomainRef, condition: Condition) -> str | None:

@@ -33,13 +33,11 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any, Literal
 
-from decider.facility import DomainRef
+from decider.facility import MIN_LIMIT_FRACTION, DomainRef
 from decider.placement.view import DomainState, View
 
 #: A warm or hot domain's target: its load less this share.
 THERMAL_REDUCTION = 0.10
-#: Below this share of a GPU's current limit the card most likely refuses the new one.
-MIN_LIMIT_FRACTION = 0.30
 
 Why = Literal["over_budget", "warm", "hot"]
 

@@ -9,8 +9,10 @@ data), reading the plain figures of decider.placement.states that the View build
   (rules.DOMAIN_FILTERS): `judge` runs them on each of the node's domains and phases
   through rules.domain_refusals, which the View remembers per state (a speed layer beside
   the rules: decider.placement.refusal_memo, switched off with View.memo_refusals);
-- the filter that needs the replica's estimate: `power_cap`, which `judge` calls on each
-  domain and phase of a node the replica would take past its least room;
+- the filters that need the replica's estimate: `power_cap`, which `judge` calls on each
+  domain and phase of a node the replica would take past its least room, and
+  `predicted_peak`, on each oversubscribed domain of the node on its predicted basis (it
+  reads the replica's peak and the safe cap, which the least room does not show);
 - the ordering scores, lower first (rules.ORDER): `condition`, `rack_room`, `spread`, then
   the scheduler's order;
 - before them all, when a request offers alternative profiles, `profile_choice` picks the
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decider.models import Replica
-from decider.placement import rules
+from decider.placement import predicted_peak, rules
 from decider.placement.estimate import Estimate, estimate
 from decider.placement.rules import ORDER_KEYS, RULES
 from decider.placement.states import Ask, DomainState, NodeState, Refusal, some
@@ -171,12 +173,52 @@ def judge(
             reason = rules.power_cap.refuse(budgeted, guess.watts)
             if reason is not None:
                 refusals.append((rules.power_cap.name, reason))
+    if view.oversubscribed_refs:
+        refusals += _predicted_refusals(view, replica, node, coarse, guess, site_limit)
     enforced = view.enforced
     if not refusals or len(enforced) > len(rules.CONCERNS):  # every concern enforced
         return Verdict(node, guess, refusals, headroom)
     applied = [r for r in refusals if rules.concern_of(r[0]) in enforced]
     observed = [r for r in refusals if rules.concern_of(r[0]) not in enforced]
     return Verdict(node, guess, applied, headroom, would_refuse=observed)
+
+
+def _predicted_refusals(
+    view: View,
+    replica: Replica,
+    node: NodeState,
+    coarse: list[DomainState],
+    guess: Estimate,
+    site_limit: float | None,
+) -> list[Refusal]:
+    """predicted_peak on each of the node's oversubscribed domains on the predicted basis."""
+    predicted = [
+        domain
+        for domain in (*node.domains, *coarse)
+        if domain.prediction is not None and domain.prediction.predicted
+    ]
+    if not predicted:
+        return []
+    settings = view.facility.oversubscription
+    units = view.snapshot.unit_peak_watts if "peaks" in view.fresh else {}
+    peak, peak_from = predicted_peak.replica_peak(
+        replica.model, replica.profile, guess.watts, units, settings
+    )
+    limit = node.gpu_limit_watts if node.gpu_limit_watts is not None else site_limit
+    if limit is None:
+        limit = view.facility.fallback_gpu_watts
+    new = predicted_peak.NewReplica(
+        peak_watts=peak,
+        gpus=replica.gpus,
+        non_gpu_watts=predicted_peak.non_gpu_watts(guess.watts, replica.gpus, limit),
+        peak_from=peak_from,
+    )
+    found: list[Refusal] = []
+    for domain in predicted:
+        reason = predicted_peak.refuse(domain, new)
+        if reason is not None:
+            found.append((predicted_peak.name, reason))
+    return found
 
 
 def decide(view: View, replica: Replica, candidates: list[str]) -> Decision:

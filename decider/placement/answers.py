@@ -685,7 +685,13 @@ def prepare(view: View) -> None:
 
 
 def place(view: View, replica: Replica, candidates: list[str]) -> Answer:
-    """`decide(view, replica, candidates)`, answered from and into the View's cache."""
+    """`decide(view, replica, candidates)`, answered from and into the View's cache.
+
+    Where the facility file oversubscribes a domain, from the rules alone (`uncached`): a
+    verdict there reads the replica's peak and the domain's safe cap, which the least rooms
+    the cache carries entries over by do not show."""
+    if view.oversubscribed_refs:
+        return uncached(view, replica, candidates)
     cached = shape(view, replica)
     cached.idle = 0
     joined = cached.index().join(cached.entries.over, candidates)

@@ -6,7 +6,8 @@ its figures (decider.placement.states.limit_watts); `room` is what is left under
 load is the larger of reserved and measured plus `other_watts`; a dual-fed rack's cap is its
 smallest feed × derating (decider.facility). A domain with no budget never refuses, and a
 missing measurement leaves the reserved figure alone. A domain already over its cap is
-refused by over_cap instead, not twice. Concern `power`.
+refused by over_cap instead, not twice. An oversubscribed domain on its predicted basis is
+judged by predicted_peak instead, against the replica's peak. Concern `power`.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from decider.placement.states import Budgeted, kw
 
 name = "power_cap"
 concern = "power"
-reads = frozenset({"cap", "room", "load", "load_basis", "other_watts", "margin"})
+reads = frozenset({"cap", "room", "load", "load_basis", "other_watts", "margin", "prediction"})
 
 
 def refuse(domain: Budgeted, estimate_watts: float) -> str | None:
     if domain.cap is None or not exceeds(domain.room, estimate_watts) or domain.load > domain.cap:
+        return None
+    if domain.prediction is not None and domain.prediction.predicted:
         return None
     return (
         f"{domain.label}: {kw(domain.load)} of {kw(domain.cap)} kW "

@@ -7,8 +7,9 @@ fields of the plain data it reads, decider.placement.states) and one line here:
   the View has them work out each domain's refusals once (`domain_refusals`), and the
   answer cache compares those refusals between Views: a filter that reads only fields of
   the states (checked below) is never served stale;
-- `ESTIMATE_FILTERS`: the filter that needs the replica's estimate (`power_cap`), called
-  by `judge` on every domain and phase of a node past its least room;
+- `ESTIMATE_FILTERS`: the filters that need the replica's estimate: `power_cap`, called
+  by `judge` on every domain and phase of a node past its least room, and `predicted_peak`,
+  on every oversubscribed domain of a node on its predicted basis;
 - `ORDER`: the ordering scores, lower first, each with its range: `decide`, the answer's
   `scores` and the answer cache's packed rank all derive from this one table; the
   scheduler's own order breaks ties last.
@@ -26,7 +27,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from decider.placement import condition, held, hot, over_cap, power_cap, rack_room, spread
+from decider.placement import (
+    condition,
+    held,
+    hot,
+    over_cap,
+    power_cap,
+    predicted_peak,
+    rack_room,
+    spread,
+)
 from decider.placement.states import (
     Ask,
     Budgeted,
@@ -64,7 +74,7 @@ class Order:
 # --- the registry: one line per rule -----------------------------------------------------------
 
 DOMAIN_FILTERS: tuple[DomainFilter, ...] = (held, hot, over_cap)
-ESTIMATE_FILTERS = (power_cap,)
+ESTIMATE_FILTERS = (power_cap, predicted_peak)
 ORDER: tuple[Order, ...] = tuple(
     Order(rule.name, rule.score, rule.lowest, rule.highest, rule.concern)
     for rule in (condition, rack_room, spread)
@@ -74,6 +84,8 @@ ORDER: tuple[Order, ...] = tuple(
 
 #: The reason codes, in the order reasons are given.
 RULES = (*(rule.name for rule in DOMAIN_FILTERS), power_cap.name)
+#: predicted_peak refuses only where the facility file oversubscribes a domain (off by
+#: default): its metrics' series appear with its first refusal, not with the others at 0.
 #: The answer's `scores`, in order; the scheduler's order last.
 SCHEDULER_ORDER = "scheduler_order"
 ORDER_KEYS = (*(order.name for order in ORDER), SCHEDULER_ORDER)

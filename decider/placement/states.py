@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from decider.facility import DomainRef, limit_watts
+from decider.placement.predicted_peak import Prediction
 from decider.snapshot import Condition, Evidence
 from decider.store import Hold
 
@@ -33,7 +34,8 @@ class DomainState:
 
     Derived figures are worked out once, when the view builds the domain (`build`):
     - `load`: the larger of reserved and measured, plus what no node reports (DESIGN.md §5);
-      `load_basis` says which of the two it is;
+      `load_basis` says which of the two it is; an oversubscribed domain on its predicted
+      basis (`prediction`, decider.placement.predicted_peak): its predicted peak, `predicted`;
     - `room`: watts left under the limit (negative: past it); None without a budget;
     - `headroom`: watts left under the cap itself (what /metrics publishes).
     """
@@ -55,6 +57,8 @@ class DomainState:
     #: What a warm or hot domain's condition rests on, and for how long (the evidence and
     #: hot parts: decider.placement.evidence.of); None for any other.
     evidence: Evidence | None = None
+    #: An oversubscribed domain's admission basis and figures; None: not oversubscribed.
+    prediction: Prediction | None = None
 
     @property
     def label(self) -> str:
@@ -74,10 +78,13 @@ class DomainState:
         reading_age: float | None,
         held: Hold | None,
         evidence: Evidence | None = None,
+        prediction: Prediction | None = None,
     ) -> DomainState:
         """The figures; no rule is run here (`judge` runs them)."""
         basis = "measured" if measured is not None and measured > reserved else "reserved"
         load = max(reserved, measured if measured is not None else 0.0) + other_watts
+        if prediction is not None and prediction.predicted:
+            basis, load = "predicted", prediction.load_watts + other_watts
         limit = limit_watts(cap, margin)
         return cls(
             ref=ref,
@@ -95,6 +102,7 @@ class DomainState:
             room=None if limit is None else limit - load,
             headroom=None if cap is None else cap - load,
             margin=margin,
+            prediction=prediction,
         )
 
 
@@ -122,6 +130,7 @@ class PhaseState:
     evidence: Evidence | None = None  # a phase has no condition of its own (its pdu has)
     condition: Condition = "unknown"
     reading_age: float | None = None
+    prediction: Prediction | None = None  # a phase keeps today's rule (docs/facility.md)
 
     @property
     def label(self) -> str:

@@ -36,9 +36,10 @@ from decider import overrides as overrides_text
 from decider.facility import Domain, DomainRef, Facility
 from decider.giving_way import paced
 from decider.placement import condition as condition_score
-from decider.placement import evidence, phases, refusal_memo, rules
+from decider.placement import evidence, phases, predicted_peak, refusal_memo, rules
 from decider.placement.overlay import Layered
 from decider.placement.phases import PhaseKey
+from decider.placement.predicted_peak import Prediction, ReservedFigures
 from decider.placement.states import (
     CONDITION_RANK,
     FINE_KINDS,
@@ -153,6 +154,22 @@ def _reserved_watts_after(view: View, change: Change, before: dict[DomainRef, fl
             total = watts.get(ref, 0.0) + sign * reservation.estimate_watts
             watts[ref] = max(0.0, total)  # no float dust below zero
     return watts
+
+
+def _oversubscribed_reserved_after(
+    view: View, change: Change, before: dict[DomainRef, ReservedFigures]
+) -> Any:
+    """Each reservation added or removed, in the oversubscribed domains it counts in. The
+    same basis (snapshot, file), so a reservation's share is what it was when added."""
+    totals = dict(before)
+    opted = view.oversubscribed_refs
+    for reservation, sign in change.signed:
+        refs = [ref for ref in change.previous.reservation_domains(reservation) if ref in opted]
+        if refs:
+            share = view.reserved_figures(reservation)
+            for ref in refs:
+                totals[ref] = totals.get(ref, ReservedFigures()).plus(share, sign)
+    return totals
 
 
 def _reserved_gpus_after(view: View, change: Change, before: dict[str, int]) -> Any:
@@ -313,6 +330,63 @@ class View:
                 totals[ref] = totals.get(ref, 0.0) + reservation.estimate_watts
         return totals
 
+    @figure(carried)
+    def oversubscribed_refs(self) -> frozenset[DomainRef]:
+        """The domains the facility file oversubscribes (`oversubscribe: true`)."""
+        return frozenset(ref for ref, domain in self.facility.declared() if domain.oversubscribe)
+
+    @figure(_oversubscribed_reserved_after)
+    def oversubscribed_reserved(self) -> dict[DomainRef, ReservedFigures]:
+        """Per oversubscribed domain, what its predicted basis counts of its reservations
+        (decider.placement.predicted_peak.ReservedFigures)."""
+        opted = self.oversubscribed_refs
+        totals: dict[DomainRef, ReservedFigures] = {}
+        if not opted:
+            return totals
+        for reservation in self.reservations.values():
+            refs = [ref for ref in self.reservation_domains(reservation) if ref in opted]
+            if refs:
+                share = self.reserved_figures(reservation)
+                for ref in refs:
+                    totals[ref] = totals.get(ref, ReservedFigures()).plus(share)
+        return totals
+
+    def reserved_figures(self, reservation: Reservation) -> ReservedFigures:
+        """One reservation's share of its oversubscribed domains' figures, on this basis."""
+        peaks = "peaks" in self.fresh
+        read_at = self.snapshot.parts["peaks"].read_at if peaks else None
+        settings = self.facility.oversubscription
+        return predicted_peak.reservation_figures(
+            reservation,
+            self.gpu_limit_of(reservation.node),
+            predicted_peak.seen_before(read_at, settings),
+            self.snapshot.unit_peak_watts if peaks else {},
+            settings,
+        )
+
+    def gpu_limit_of(self, node: str) -> float | None:
+        """A node's enforced GPU limit, else the site's largest, else the file's fallback:
+        as the estimate takes it (decider.placement.estimate)."""
+        known = self.snapshot.gpu_limit_watts.get(node) if "limits" in self.fresh else None
+        if known is None:
+            known = self.site_gpu_limit_watts
+        return known if known is not None else self.facility.fallback_gpu_watts
+
+    def prediction(self, ref: DomainRef, measured: float | None) -> Prediction:
+        """An oversubscribed domain's admission basis and figures (predicted_peak)."""
+        settings = self.facility.oversubscription
+        peaks = "peaks" in self.fresh
+        limits = self.snapshot.gpu_limit_watts if "limits" in self.fresh else {}
+        members = [limits[node] for node in self.members.get(ref, ()) if node in limits]
+        return predicted_peak.prediction(
+            settings,
+            self.snapshot.domain_peaks.get(ref) if peaks else None,
+            peaks,
+            measured,
+            self.oversubscribed_reserved.get(ref, ReservedFigures()),
+            predicted_peak.min_gpu_limit(members, settings.ladder.floor_gpu_watts),
+        )
+
     @figure(_reserved_gpus_after)
     def reserved_gpus(self) -> dict[str, int]:
         totals: dict[str, int] = {}
@@ -404,6 +478,11 @@ class View:
                 condition,
                 self.snapshot.evidence.get(ref) if "evidence" in self.fresh else None,
                 self.snapshot.hot_seconds.get(ref) if "hot" in self.fresh else None,
+            ),
+            prediction=(
+                self.prediction(ref, measured)
+                if declared is not None and declared.oversubscribe
+                else None
             ),
         )
 

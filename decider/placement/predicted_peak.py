@@ -1,0 +1,380 @@
+"""Refuse a node if the replica would take an oversubscribed domain's predicted peak past its
+limit, or past what the capping ladder can bring back (issue 20; docs/facility.md
+"Oversubscription"). Concern `power`.
+
+A domain that sets `oversubscribe: true` admits against what its replicas draw instead of
+the sum of their estimates. Its basis is `predicted` while the `peaks` part (decider.peaks)
+is fresh and holds at least `min_history` of the domain's measurements; else `reserved`,
+today's rule (power_cap and over_cap on the larger of reserved and measured), and the
+domain's answers say why. On the predicted basis:
+
+- **Predicted peak** = max(measured power at `percentile` over `window`, measured power now)
+  + the peaks of the reservations the measurement cannot see yet + `other_watts`. A
+  reservation is seen once its replica has been confirmed for `min_history` before the
+  peaks were read: until then its replica may not run yet, or not have met its busiest hour
+  (a day holds one of each), and it counts on top at its peak. So a burst of reservations in
+  one refresh counts whole, each at its peak, and never passes on an old quantile.
+- **A replica's peak**: its model profile's measured peak per replica, the largest of its
+  units' power at `percentile` over `window` (llmgw:unit_power_watts), where Prometheus has
+  one; else its estimate (decider.placement.estimate), as today.
+- **Admitted** while predicted peak + the replica's peak ≤ the domain's limit, cap × (1 −
+  margin) (decider.facility.limit_watts, as every rule), **and** the capping ladder can
+  bring the domain back: with the replica, the one per-GPU limit at which every reserved
+  GPU fits the limit at the estimates (decider.capping.ladder.safe_gpu_limit) is at least
+  the card's minimum (MIN_LIMIT_FRACTION of the largest GPU limit of the domain's nodes,
+  decider.facility, as decider.power_capping) and the ladder's `floor_gpu_watts`. A domain
+  with no GPU to cap must fit at the estimates outright.
+
+`predicted_peak_fits` is the pure computation (no View, no I/O): the week simulator calls
+it too. `prediction` works out one domain's figures from plain data; `refuse` is the filter
+`judge` calls on each oversubscribed domain of a node on the predicted basis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from decider.capping.ladder import safe_gpu_limit
+from decider.facility import MIN_LIMIT_FRACTION, Oversubscription
+from decider.snapshot import DomainPeak
+from decider.store import Reservation
+
+name = "predicted_peak"
+concern = "power"
+reads = frozenset({"prediction", "limit", "cap", "margin", "other_watts"})
+
+Basis = Literal["predicted", "reserved"]
+
+
+@dataclass(frozen=True, slots=True)
+class NewReplica:
+    """The replica being placed, as the predicted basis counts it: its peak (`peak_from`
+    says where the figure comes from), its GPUs, and its estimate less its GPUs at their
+    limit (what no GPU cap lowers)."""
+
+    peak_watts: float
+    gpus: int
+    non_gpu_watts: float
+    peak_from: str = "estimate"
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """What `predicted_peak_fits` found: the predicted peak with and without the replica,
+    the safe per-GPU limit with it (None: none fits, or no GPU), and why it does not fit
+    (None: it fits; `peak` past the limit, `safe_cap` past what the ladder brings back)."""
+
+    predicted_watts: float
+    after_watts: float
+    safe_gpu_limit_watts: float | None
+    safe_reason: str
+    refused: Literal["peak", "safe_cap"] | None
+
+
+def predicted_peak_fits(
+    limit_watts: float,
+    other_watts: float,
+    measured_peak_watts: float,
+    unseen_watts: float,
+    reserved_gpus: int,
+    reserved_non_gpu_watts: float,
+    min_gpu_limit_watts: float,
+    replica: NewReplica,
+) -> Fit:
+    """Whether one more `replica` fits an oversubscribed domain (module docstring).
+
+    `limit_watts`: cap × (1 − margin); `measured_peak_watts`: max(the measured quantile over
+    the window, measured now); `unseen_watts`: the peaks of the reservations the measurement
+    cannot see yet; `reserved_gpus`, `reserved_non_gpu_watts`: every reservation's GPUs, and
+    its estimate less its GPUs at their limit, summed; `min_gpu_limit_watts`: the lowest
+    per-GPU limit the ladder may set (the card's minimum, or the floor where higher)."""
+    predicted = measured_peak_watts + unseen_watts + other_watts
+    after = predicted + replica.peak_watts
+    gpus = reserved_gpus + replica.gpus
+    fixed = other_watts + reserved_non_gpu_watts + replica.non_gpu_watts
+    safe: float | None
+    if gpus > 0:
+        safe, safe_reason = safe_gpu_limit(limit_watts, fixed, gpus, min_gpu_limit_watts)
+        bounded = safe is not None
+    else:  # nothing to cap: the estimates must fit as they are
+        safe, bounded = None, fixed <= limit_watts
+        safe_reason = f"no GPU to cap: {fixed / 1000:.1f} kW at the estimates" + (
+            "" if bounded else f" past the {limit_watts / 1000:.1f} kW limit"
+        )
+    refused: Literal["peak", "safe_cap"] | None = None
+    if after > limit_watts:
+        refused = "peak"
+    elif not bounded:
+        refused = "safe_cap"
+    return Fit(predicted, after, safe, safe_reason, refused)
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """One oversubscribed domain's admission basis and its figures, as the View works them
+    out and /v1/domains shows them (`as_json`). On the `reserved` basis, `why` says what is
+    missing; the figures known are kept."""
+
+    basis: Basis
+    why: str  # the basis in words, with its figures
+    percentile: float
+    window_seconds: float
+    min_history_seconds: float
+    history_seconds: float | None
+    quantile_watts: float | None  # measured power at `percentile` over the window
+    measured_watts: float | None  # measured now
+    unseen_count: int  # reservations the measurement cannot see yet
+    unseen_watts: float  # their peaks
+    reserved_gpus: int
+    reserved_non_gpu_watts: float
+    min_gpu_limit_watts: float | None  # the card's minimum, or the ladder's floor if higher
+    min_gpu_limit_from: str
+
+    @property
+    def predicted(self) -> bool:
+        return self.basis == "predicted"
+
+    @property
+    def measured_peak_watts(self) -> float:
+        """The larger of the measured quantile and the measured power now."""
+        return max(self.quantile_watts or 0.0, self.measured_watts or 0.0)
+
+    @property
+    def load_watts(self) -> float:
+        """What the domain is predicted to draw at its peak, `other_watts` aside."""
+        return self.measured_peak_watts + self.unseen_watts
+
+    def as_json(self, limit_watts: float | None, other_watts: float) -> dict[str, object]:
+        safe = None
+        if self.predicted and limit_watts is not None and self.reserved_gpus:
+            fixed = other_watts + self.reserved_non_gpu_watts
+            safe, _ = safe_gpu_limit(limit_watts, fixed, self.reserved_gpus, 0.0)
+        return {
+            "basis": self.basis,
+            "why": self.why,
+            "percentile": self.percentile,
+            "window_seconds": self.window_seconds,
+            "min_history_seconds": self.min_history_seconds,
+            "history_seconds": _rounded(self.history_seconds),
+            "quantile_watts": _rounded(self.quantile_watts),
+            "measured_watts": _rounded(self.measured_watts),
+            "unseen_reservations": self.unseen_count,
+            "unseen_watts": round(self.unseen_watts, 1),
+            "predicted_watts": round(self.load_watts + other_watts, 1) if self.predicted else None,
+            "reserved_gpus": self.reserved_gpus,
+            "safe_gpu_limit_watts": safe,
+            "min_gpu_limit_watts": _rounded(self.min_gpu_limit_watts),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ReservedFigures:
+    """What the predicted basis counts of one domain's reservations (the View keeps it per
+    domain and updates it with each reservation)."""
+
+    gpus: int = 0
+    non_gpu_watts: float = 0.0
+    unseen_count: int = 0
+    unseen_watts: float = 0.0
+
+    def plus(self, other: ReservedFigures, sign: int = 1) -> ReservedFigures:
+        return ReservedFigures(
+            self.gpus + sign * other.gpus,
+            max(0.0, self.non_gpu_watts + sign * other.non_gpu_watts),
+            self.unseen_count + sign * other.unseen_count,
+            max(0.0, self.unseen_watts + sign * other.unseen_watts),
+        )
+
+
+def seen_before(peaks_read_at: float | None, settings: Oversubscription) -> float | None:
+    """Reservations confirmed at or before this time are in the measurements the peaks were
+    read from; None: no peaks read, none is."""
+    return None if peaks_read_at is None else peaks_read_at - settings.min_history
+
+
+def replica_peak(
+    model: str,
+    profile: str,
+    estimate_watts: float,
+    unit_peaks: Mapping[tuple[str, str], float],
+    settings: Oversubscription,
+) -> tuple[float, str]:
+    """A replica's peak and where it comes from: its profile's measured peak per replica,
+    else its estimate."""
+    measured = unit_peaks.get((model, profile))
+    if measured is not None:
+        return measured, f"measured p{_pct(settings.percentile)} of {model}/{profile}"
+    return estimate_watts, "estimate"
+
+
+def non_gpu_watts(estimate_watts: float, gpus: int, gpu_limit_watts: float | None) -> float:
+    """The part of an estimate no GPU cap lowers: the estimate less its GPUs at their limit
+    (an unknown limit: all of it, the safe side)."""
+    if gpu_limit_watts is None:
+        return estimate_watts
+    return max(0.0, estimate_watts - gpus * gpu_limit_watts)
+
+
+def reservation_figures(
+    reservation: Reservation,
+    gpu_limit_watts: float | None,
+    seen_before_time: float | None,
+    unit_peaks: Mapping[tuple[str, str], float],
+    settings: Oversubscription,
+) -> ReservedFigures:
+    """One reservation's share of its domains' ReservedFigures."""
+    confirmed = reservation.confirmed_at
+    seen = confirmed is not None and seen_before_time is not None and confirmed <= seen_before_time
+    peak = 0.0
+    if not seen:
+        profile = str(reservation.replica.get("profile", ""))
+        peak, _ = replica_peak(
+            reservation.model, profile, reservation.estimate_watts, unit_peaks, settings
+        )
+    return ReservedFigures(
+        gpus=reservation.gpus,
+        non_gpu_watts=non_gpu_watts(reservation.estimate_watts, reservation.gpus, gpu_limit_watts),
+        unseen_count=0 if seen else 1,
+        unseen_watts=peak,
+    )
+
+
+def min_gpu_limit(
+    member_limits: Iterable[float], floor_watts: float | None
+) -> tuple[float | None, str]:
+    """The lowest per-GPU limit the ladder may set on every GPU of the domain: the card's
+    minimum (MIN_LIMIT_FRACTION of the largest enforced limit among its nodes: one limit on
+    every GPU must suit the largest card), or the ladder's floor where higher."""
+    largest = max(member_limits, default=None)
+    card = None if largest is None else MIN_LIMIT_FRACTION * largest
+    if floor_watts is not None and (card is None or floor_watts > card):
+        return floor_watts, f"the ladder's floor_gpu_watts {floor_watts:g} W"
+    if card is None:
+        return None, "no GPU limit known"
+    return card, f"the card minimum {card:.0f} W ({MIN_LIMIT_FRACTION:.0%} of {largest:g} W)"
+
+
+def prediction(
+    settings: Oversubscription,
+    peak: DomainPeak | None,
+    peaks_fresh: bool,
+    measured_watts: float | None,
+    reserved: ReservedFigures,
+    min_limit: tuple[float | None, str],
+) -> Prediction:
+    """One oversubscribed domain's basis and figures (module docstring)."""
+    history = None if peak is None else peak.history_seconds
+    quantile = None if peak is None else peak.peak_watts
+    pct = _pct(settings.percentile)
+    if not peaks_fresh:
+        why = "reserved: no fresh peaks part from Prometheus (today's rule)"
+    elif quantile is None or history is None:
+        why = "reserved: no measured power in the window yet (today's rule)"
+    elif history < settings.min_history:
+        why = (
+            f"reserved: {_duration(history)} of history, less than min_history "
+            f"{_duration(settings.min_history)} (today's rule)"
+        )
+    elif min_limit[0] is None:
+        why = (
+            "reserved: no GPU power limit known among its nodes, so no safe cap bounds it "
+            "(today's rule)"
+        )
+    else:
+        why = (
+            f"predicted: p{pct} over {_duration(history)} of history "
+            f"{(quantile) / 1000:.1f} kW"
+            + (
+                f", measured now {measured_watts / 1000:.1f} kW"
+                if measured_watts is not None and measured_watts > quantile
+                else ""
+            )
+            + (
+                f" + {reserved.unseen_count} reservation(s) not yet measured "
+                f"{reserved.unseen_watts / 1000:.1f} kW"
+                if reserved.unseen_count
+                else ""
+            )
+        )
+    return Prediction(
+        basis="predicted" if why.startswith("predicted") else "reserved",
+        why=why,
+        percentile=settings.percentile,
+        window_seconds=settings.window,
+        min_history_seconds=settings.min_history,
+        history_seconds=history,
+        quantile_watts=quantile,
+        measured_watts=measured_watts,
+        unseen_count=reserved.unseen_count,
+        unseen_watts=reserved.unseen_watts,
+        reserved_gpus=reserved.gpus,
+        reserved_non_gpu_watts=reserved.non_gpu_watts,
+        min_gpu_limit_watts=min_limit[0],
+        min_gpu_limit_from=min_limit[1],
+    )
+
+
+class _Predicted:
+    """What `refuse` reads of a domain or phase state (decider.placement.states)."""
+
+    label: str
+    prediction: Prediction | None
+    limit: float | None
+    cap: float | None
+    margin: float
+    other_watts: float
+
+
+def refuse(domain: _Predicted, replica: NewReplica) -> str | None:
+    """The reason the replica does not fit the domain on its predicted basis; None: it fits,
+    or the domain is not on that basis (power_cap and over_cap judge it then)."""
+    found = domain.prediction
+    if found is None or not found.predicted or domain.limit is None or domain.cap is None:
+        return None
+    fit = predicted_peak_fits(
+        domain.limit,
+        domain.other_watts,
+        found.measured_peak_watts,
+        found.unseen_watts,
+        found.reserved_gpus,
+        found.reserved_non_gpu_watts,
+        found.min_gpu_limit_watts or 0.0,
+        replica,
+    )
+    if fit.refused is None:
+        return None
+    limit = (
+        f"limit {domain.limit / 1000:.1f} kW (cap {domain.cap / 1000:.1f}, "
+        f"margin {domain.margin * 100:g}%)"
+    )
+    if fit.refused == "peak":
+        return (
+            f"{domain.label}: predicted peak {fit.predicted_watts / 1000:.1f} kW ({found.why}"
+            + (f", incl. {domain.other_watts / 1000:.1f} other" if domain.other_watts else "")
+            + f") + replica's peak ~{replica.peak_watts / 1000:.1f} kW ({replica.peak_from}) "
+            f"= {fit.after_watts / 1000:.1f} kW, past its {limit}"
+        )
+    return (
+        f"{domain.label}: predicted peak {fit.after_watts / 1000:.1f} kW with the replica fits "
+        f"its {limit}, but the capping ladder could not bring it back at the estimates: "
+        f"{fit.safe_reason} (lowest: {found.min_gpu_limit_from})"
+    )
+
+
+def _pct(percentile: float) -> str:
+    return f"{percentile * 100:g}"
+
+
+def _duration(seconds: float) -> str:
+    """`7.0 d`, `5.5 h`, `12 min`: a history as reasons show it."""
+    if seconds >= 86400:
+        return f"{seconds / 86400:.1f} d"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min"
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
