@@ -17,6 +17,8 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 from decider import config as decider_config
 from decider import facility as facility_file
 from decider import peaks
+from decider.capping.collector import CappingCollector
+from decider.capping.driver import Capper
 from decider.config import DeciderConfig
 from decider.decisions import DecisionLog
 from decider.domains_json import domain_json
@@ -167,6 +169,8 @@ class Service:
         self.refresher.peaks_query = peaks.query(loaded.facility)
         self.shedder = Shedder(self.store, self.state.view, time.time, self.state.record_proposals)
         self.registry.register(SheddingCollector(self.shedder))
+        self.capper = Capper()  # the capping ladders, in memory (docs/oversubscription.md)
+        self.registry.register(CappingCollector(self.capper))
         self._database_problem: str | None = None
         self.registry.register(DatabaseCollector(self.database_problem))
         self._reload_lock = threading.Lock()
@@ -201,6 +205,7 @@ class Service:
         # regardless (decider.giving_way).
         pause = self.in_flight.budget(self.loaded.config.refresh_interval * GIVE_WAY_SHARE)
         self.state.set_snapshot(self.refresher.snapshot, pause)
+        self.capper.refresh(self.state.view())
         self.refreshed_once = True
 
     def _sweep(self) -> None:

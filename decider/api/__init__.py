@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from decider.api import (
+    capping,
     domains,
     headroom,
     operations,
@@ -59,6 +60,7 @@ def create_app(service: Service) -> FastAPI:
         profiles.router(service),
         power_capping.router(service),
         shedding.router(service),
+        capping.router(service, require_token),
         reload.router(service, require_token),
         operations.router(service),
     ):
