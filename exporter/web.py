@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING
@@ -306,14 +306,20 @@ def status_page(
 
 
 def make_app(
-    registry: CollectorRegistry, page: Callable[[], str]
+    registry: CollectorRegistry,
+    page: Callable[[], str],
+    routes: Mapping[str, Callable[[Environ, StartResponse], Iterable[bytes]]] | None = None,
 ) -> Callable[..., Iterable[bytes]]:
+    """`/metrics`, `/`, and the `routes` given (path → WSGI app: `/bmc`, exporter/bmc_probe.py)."""
     metrics_app = make_wsgi_app(registry)
+    routes = dict(routes or {})
 
     def app(environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
             return metrics_app(environ, start_response)  # type: ignore[arg-type]
+        if isinstance(path, str) and path in routes:
+            return routes[path](environ, start_response)
         if path == "/":
             body = page().encode()
             start_response(
