@@ -268,8 +268,8 @@ def watts(milliwatts: float) -> str:
 def nvml_reason(api: Any, exc: Exception) -> str:
     if getattr(exc, "value", None) == api.NVML_ERROR_NO_PERMISSION:
         return (
-            f"NVML refused to set the power limit ({exc}): setting a GPU's limit needs root"
-            " (or the driver's admin capability); the exporter runs without it"
+            f"NVML refused to set the power limit ({exc}): setting a GPU's limit needs root;"
+            " the exporter runs without it"
         )
     return f"NVML: {exc}"
 
