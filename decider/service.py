@@ -205,8 +205,12 @@ class Service:
         # regardless (decider.giving_way).
         pause = self.in_flight.budget(self.loaded.config.refresh_interval * GIVE_WAY_SHARE)
         self.state.set_snapshot(self.refresher.snapshot, pause)
-        self.capper.refresh(self.state.view())
         self.refreshed_once = True
+        try:  # a failing ladder must not stop the snapshot; a lease a whole
+            # lease_seconds past the last good refresh gives the safe limit (decider.capping)
+            self.capper.refresh(self.state.view())
+        except Exception:
+            log.exception("the capping ladders failed to move at this refresh")
 
     def _sweep(self) -> None:
         failing: str | None = None
@@ -300,4 +304,5 @@ class Service:
             prometheus_up=snapshot.prometheus_up,
             age=snapshot.age_seconds(time.time()),
             reservations=len(view.reservations),
+            capping=[capping.as_json() for capping in self.capper.domains()],
         )

@@ -32,6 +32,7 @@ from llmgw_facility.client import (
     CallFailed,
     Decider,
 )
+from llmgw_facility.commands.capping import capping_table
 from llmgw_facility.commands.domains import facility_table, hold, override, release
 from llmgw_facility.commands.placement import explain_placement, headroom
 from llmgw_facility.commands.recommendations import failover_report, profiles, shedding_plan
@@ -134,6 +135,8 @@ def call_decider(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
             return shedding_plan(decider, args.json)
         if args.command == "failover":
             return failover_report(decider, args.pdu, args.json)
+        if args.command == "capping":
+            return capping_table(decider, args.node, args.json)
         return headroom(decider, args.profile, args.json)
     except CallFailed as exc:
         print(f"{PROG} {args.command}: {exc}", file=sys.stderr)
@@ -310,6 +313,14 @@ def build_parser() -> argparse.ArgumentParser:
     failover_parser.add_argument(
         "pdu", type=parse_pdu, metavar="PDU", help="pdu/NAME (a plain name is a pdu)"
     )
+    capping_parser = commands.add_parser(
+        "capping",
+        parents=[api, raw],
+        help="each oversubscribed domain's capping ladder: step, GPU caps per class, why",
+        description="GET /v1/capping (docs/oversubscription.md); with --node, the lease a node "
+        "agent gets now: GET /v1/capping/leases/{node} (needs the token).",
+    )
+    capping_parser.add_argument("--node", metavar="NODE", help="show this node's lease")
     simulate = commands.add_parser(
         "simulate",
         help="serve a simulated site's exporter metrics, one scrape target per node",

@@ -9,6 +9,8 @@ n3, n4 interactive ones. Hold 2 s, so that a release is seen within a test's tim
 
 from __future__ import annotations
 
+import contextlib
+import io
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -113,6 +115,14 @@ def lease(decider: Decider, node: str) -> dict[str, Any]:
     return answer.json()
 
 
+def cli_output(decider: Decider, *args: str) -> str:
+    from llmgw_facility import cli
+
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert cli.main([*args, "--decider", decider.url]) == 0
+    return out.getvalue()
+
+
 def set_power(fake: FakePrometheus, watts: float) -> None:
     fake.readings.measured = fake.readings.measured | {
         "rack/r1": watts,
@@ -143,6 +153,14 @@ def test_the_ladder_caps_each_class_in_turn_and_releases_after_hold(site):
     assert metric_value(text, "llmgw_decider_capping_step", kind="rack", domain="r1") == 1
     labels = {"kind": "rack", "domain": "r1", "class": "batch"}
     assert metric_value(text, "llmgw_decider_capping_gpu_limit_watts", **labels) == 312.0
+
+    page = decider.get("/").text
+    assert 'id="capping-rack-r1"' in page and "batch 312 W" in page
+    assert cli_output(decider, "capping").splitlines()[0] == "2 oversubscribed domain(s), 1 capped"
+    assert "rack/r1  " in cli_output(decider, "capping")
+    assert "node n1: 312 W per GPU for 30 s, then the safe limit 562 W" in cli_output(
+        decider, "capping", "--node", "n1", "--token-file", str(decider.directory / "decider.token")
+    )
 
     # past the second (8.73 kW): every class; the measured excess (8.8 - 8.1 kW) spread
     # over the 16 GPUs from the step-1 caps: interactive 700 - 700 / 8 = 612 W

@@ -21,8 +21,9 @@ At each refresh, per oversubscribed domain:
   estimates' share (decider.placement.estimate);
 - a **lost feed** (decider.capping.feeds).
 
-Where the domain's measured power or its membership is not fresh the ladder is not moved
-(`blind` says why), and its leases give each node the lower of its cap and its safe limit:
+Where the domain's measured power or its membership is not fresh, or no refresh has moved the
+ladders for a whole lease, the ladder is not moved (`blind` says why), and its leases give
+each node the lower of its cap and its safe limit:
 the decider that cannot see a domain's power bounds it as an agent that cannot see the
 decider does.
 
@@ -38,7 +39,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from decider.capping import feeds
@@ -163,6 +164,7 @@ class _Memory:
     capped_at: dict[str, float] = field(default_factory=dict)
     lease_seconds: float = 60.0
     known: bool = False  # a refresh with a fresh membership has run
+    refreshed_at: float = 0.0  # the last refresh that moved the ladders
 
 
 class Capper:
@@ -193,6 +195,7 @@ class Capper:
             for ref in refs:
                 found[ref] = self._domain(view, ref, now, classes)
             memory.domains = found
+            memory.refreshed_at = now
             memory.states = {ref: capping.state for ref, capping in found.items()}
             for capping in found.values():
                 for node in capping.node_class:
@@ -328,6 +331,13 @@ class Capper:
                 )
             mine = [d for _, d in sorted(memory.domains.items()) if node in d.node_class]
             lease_seconds = memory.lease_seconds
+            now = self._clock()
+            late = now - memory.refreshed_at
+        if late > lease_seconds:  # no refresh has moved the ladders for a whole lease
+            stale = (
+                f"no refresh for {late:.0f} s: the ladder holds its step, leases their safe limits"
+            )
+            mine = [replace(capping, blind=capping.blind or stale) for capping in mine]
         if not mine:
             return None
         limit: float | None = None
@@ -348,7 +358,7 @@ class Capper:
                 limit = None
         return Lease(
             node=node,
-            issued_at=self._clock(),
+            issued_at=now,
             lease_seconds=lease_seconds,
             gpu_limit_watts=limit,
             safe_gpu_limit_watts=safe,
