@@ -160,6 +160,7 @@ def make_site(tmp_path: pathlib.Path) -> Iterator[Any]:
 #: file) and test names that start servers.
 SERVER_TESTS: dict[str, frozenset[str] | None] = {
     "test_alerting_e2e.py": None,
+    "test_bmc_alerts_e2e.py": None,
     "test_bmc_targets.py": None,
     "test_benchmark_smoke.py": frozenset({"test_a_few_rounds_end_to_end"}),
     "test_conditions_state_set.py": frozenset(
