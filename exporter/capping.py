@@ -66,7 +66,7 @@ from exporter.samples import Sample
 log = logging.getLogger(__name__)
 
 STATES = ("leased", "safe", "off")
-FAILURES = ("decider", "refused", "nvml")
+FAILURES = ("decider", "refused", "nvml", "state")
 #: The NVML user name of the agent's sessions (exporter/nvml.py counts its users).
 NVML_USER = "capping"
 #: A lease shorter than this could not be renewed at a third of it over a busy network.
@@ -313,6 +313,7 @@ class CappingAgent:
         self.capped: dict[str, float] = {}
         self.view = AgentView()
         self._decider_problem = ""
+        self._state_unwritable = False
         self._logged: dict[str, str] = {}  # problem key -> its last logged text
         self._thread: threading.Thread | None = None
         self._load_state()
@@ -378,8 +379,10 @@ class CappingAgent:
                 raise
         except OSError as exc:
             self._problem("state", f"cannot write the state file {path}: {exc}")
+            self._state_unwritable = True
         else:
             self._problem("state", "")
+            self._state_unwritable = False
 
     # --- one pass ---------------------------------------------------------------------------
 
@@ -408,6 +411,8 @@ class CappingAgent:
             answer = self.decider_guard.call(self.fetch)
         except (LeaseUnavailable, Hung) as exc:
             self._decider_failed(str(exc))
+        except Exception as exc:  # whatever went wrong, it is a renewal that did not happen
+            self._decider_failed(f"{type(exc).__name__}: {exc}")
         else:
             self._decider_failed("")
             now = self.clock()
@@ -420,14 +425,15 @@ class CappingAgent:
                 renewed = True
                 changed = answer != self.lease
                 self.lease, self.received_at, self.last_renewal = answer, now, now
-                if now >= (self.expiry() or now):
-                    log.warning(
-                        "capping: the lease issued at %.0f arrived already run out (this"
-                        " node's clock is %.0f s past it): is the node's clock or the"
-                        " decider's wrong?",
-                        answer.issued_at,
-                        now - answer.issued_at,
-                    )
+                late = now - answer.issued_at >= answer.lease_seconds
+                self._problem(
+                    "clock",
+                    f"the lease issued at {answer.issued_at:.0f} arrived already run out (this"
+                    f" node's clock is {now - answer.issued_at:.0f} s past it): is the node's"
+                    " clock or the decider's wrong?"
+                    if late
+                    else "",
+                )
                 if changed:
                     self._save_state()
         now = self.clock()
@@ -464,13 +470,16 @@ class CappingAgent:
         return every
 
     def _apply(self, target: Target, state: str) -> None:
-        before = dict(self.capped)
+        # On a copy: a call abandoned past its deadline may still return, later, into it.
+        capped = dict(self.capped)
         try:
-            applied = self.nvml_guard.call(lambda: self.actuator.apply(target, self.capped))
+            applied = self.nvml_guard.call(lambda: self.actuator.apply(target, capped))
         except Hung as exc:
             applied = Applied(self.view.caps, {}, {"": str(exc)})
-        if self.capped != before:
-            self._save_state()
+        else:
+            if capped != self.capped:
+                self.capped = capped
+                self._save_state()
         self._report(applied)
         self._publish(state, applied.caps, applied)
 
@@ -509,13 +518,15 @@ class CappingAgent:
         failing = set()
         if self._decider_problem:
             failing.add("decider")
+        if self._state_unwritable:
+            failing.add("state")
         if applied is not None:
             if applied.refused:
                 failing.add("refused")
             if applied.nvml:
                 failing.add("nvml")
         else:
-            failing |= set(self.view.failing) - {"decider"}
+            failing |= set(self.view.failing) - {"decider", "state"}
         self.view = AgentView(
             state=state,
             failing=frozenset(failing),

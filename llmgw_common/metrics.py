@@ -129,7 +129,8 @@ _SPECS = [
         "gauge",
         "1 while the capping agent fails, labelled why: decider (no lease: unreachable,"
         " refusing the token, an error or a body that is not a lease), refused (a limit"
-        " outside a card's range) or nvml (NVML could not set a limit: no permission...).",
+        " outside a card's range), nvml (NVML could not set a limit: no permission...) or"
+        " state (the state file, which carries the safe cap across a restart, unwritable).",
         ("reason",),
     ),
     MetricSpec(

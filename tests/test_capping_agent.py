@@ -47,13 +47,15 @@ WAIT_S = 45.0
 class LeaseServer:
     """Serves leases for NODE; `mode` says how it answers the next request."""
 
-    mode: str = "lease"  # lease | 404 | 500 | garbage | wrong-token
+    mode: str = "lease"  # lease | 404 | 500 | garbage | wrong-token | stuck
     gpu_limit_watts: float | None = 410.0
     safe_gpu_limit_watts: float = 450.0
     lease_seconds: float = 6.0
     requests: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     httpd: ThreadingHTTPServer | None = None
+    #: Set at the end: lets a handler held in `stuck` mode go.
+    released: threading.Event = field(default_factory=threading.Event)
 
     @property
     def url(self) -> str:
@@ -73,6 +75,8 @@ class LeaseServer:
                 "reason": f"rack r1 at step 1 (test lease of {self.gpu_limit_watts} W)",
                 "domains": ["rack/r1"],
             }
+        if mode == "stuck":  # a decider that accepts the request and never answers
+            self.released.wait(120)
         expected = TOKEN if mode != "wrong-token" else "another-token"
         if authorization != f"Bearer {expected}":
             return 401, json.dumps({"error": "a bearer token is needed"}).encode()
@@ -98,11 +102,12 @@ def handler_for(server: LeaseServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             status, body = server.answer(self.path, self.headers.get("Authorization"))
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a client gone
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
         def log_message(self, format: str, *args: object) -> None:
             """Quiet: the test reads the exporter's log, not this one's."""
@@ -120,6 +125,7 @@ def lease_server(port: int = 0, **settings: Any) -> Iterator[LeaseServer]:
     try:
         yield server
     finally:
+        server.released.set()
         server.httpd.shutdown()
         server.httpd.server_close()
         thread.join(10)
@@ -518,3 +524,52 @@ def test_the_decider_saying_not_oversubscribed_restores_only_what_the_agent_capp
                 "lease": None,
                 "capped": {},
             }
+
+
+def test_a_stuck_decider_blocks_neither_the_readings_nor_the_safe_cap(tmp_path: Path):
+    with lease_server(
+        gpu_limit_watts=410.0, safe_gpu_limit_watts=450.0, lease_seconds=6.0
+    ) as server:
+        node = Node(tmp_path, server.url)
+        with exporter(node) as running:
+            wait_for(running, leased_at(410.0), "leased at 410 W")
+            server.set(mode="stuck")
+            seen: list[float] = []
+
+            def gpu_polls(metrics: dict) -> None:
+                seen.append(
+                    value(
+                        metrics,
+                        "llmgw_exporter_source_last_success_timestamp_seconds",
+                        source="gpu",
+                    )
+                    or 0.0
+                )
+                never_uncapped(metrics)
+
+            metrics = wait_for(running, safe_at(450.0), "the safe cap", watch=gpu_polls)
+            assert value(metrics, "llmgw_capping_agent_failing", reason="decider") == 1
+            # The GPU source went on polling (every 0.5 s) while the agent waited.
+            assert len(set(seen)) >= 4, seen
+            # Whichever gives up first: requests' read timeout, or the agent's deadline.
+            assert re.search(
+                r"capping: no lease: .*(Read timed out|did not return within its 3s deadline)",
+                running.log_text(),
+            ), running.log_text()
+
+
+def test_a_state_file_that_cannot_be_written_is_a_failure_shown(tmp_path: Path):
+    with lease_server(gpu_limit_watts=410.0) as server:
+        node = Node(tmp_path, server.url)
+        (tmp_path / "capping-state.json").mkdir()  # a directory where the file should be
+        with exporter(node) as running:
+            metrics = wait_for(
+                running,
+                lambda m: (
+                    value(m, "llmgw_capping_agent_failing", reason="state") == 1
+                    and leased_at(410.0)(m)
+                ),  # the lease is applied all the same
+                "the state file's failure, and the lease applied",
+            )
+            assert value(metrics, "llmgw_capping_agent_up") == 0
+            assert "capping: cannot write the state file" in running.log_text()
