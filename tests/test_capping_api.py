@@ -230,3 +230,44 @@ def test_leases_need_the_token_and_an_oversubscribed_domain_and_the_lowest_cap_w
     # the lowest safe limit: the rack's 9 kW / 16 GPUs = 562 W, the row's 10 kW / 16 = 625 W
     assert (n1["safe_gpu_limit_watts"], found["w1"]["safe_gpu_limit_watts"]) == (562.0, 625.0)
     assert "rack/r1 at step 1" in n1["reason"] and "row/w1 at step 2" in n1["reason"]
+
+
+def test_a_domain_the_decider_cannot_see_gets_its_safe_limits(site):
+    """No measured power for the rack (a rule's output gone): the ladder holds its step and
+    every lease gives the lower of its cap and the safe limit."""
+    fake, decider = site
+    wait_rack(decider, lambda e: e["nodes"] == list(NODES), "the rack's nodes")
+    assert lease(decider, "n3")["gpu_limit_watts"] is None
+    fake.readings.measured = {k: v for k, v in fake.readings.measured.items() if k != "rack/r1"}
+    entry = wait_rack(decider, lambda e: e["blind"] is not None, "the rack unseen")
+    assert entry["blind"].startswith("no fresh measured power")
+    assert entry["step"] == 0 and entry["power_watts"] is None
+    n3 = lease(decider, "n3")
+    assert (n3["gpu_limit_watts"], n3["safe_gpu_limit_watts"]) == (562.0, 562.0)
+    assert "no fresh measured power" in n3["reason"]
+    text = decider.metrics()
+    assert metric_value(text, "llmgw_decider_capping_blind", kind="rack", domain="r1") == 1
+
+
+def test_before_it_knows_the_membership_the_decider_answers_503(tmp_path: Path):
+    """A decider started while Prometheus is down can say neither a lease nor that there is
+    none: 503, so that an agent keeps its lease and then its safe limit (never a 404, which
+    would uncap it)."""
+    fake = FakePrometheus(readings())
+    decider = Decider(tmp_path / "decider", fake.url, FACILITY)
+    try:
+        fake.down()
+        decider.start()
+        answer = decider.get("/v1/capping/leases/n1", headers=decider.headers())
+        assert answer.status_code == 503, answer.text
+        assert "not yet read which domains" in answer.json()["error"]
+        fake.up()
+        poll(
+            lambda: (
+                decider.get("/v1/capping/leases/n1", headers=decider.headers()).status_code == 200
+            ),
+            "a lease once Prometheus answers",
+        )
+    finally:
+        decider.close()
+        fake.close()
