@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     registry.register(ProcessCollector(registry=None))
     disabled = [name for name in SOURCES if not config.source(name).enabled]
     probes = None
-    if isinstance(config.bmcs, dict) and config.bmcs:
+    if config.bmcs:
         # Imported only where agent.yaml lists BMCs to read on request.
         from exporter.bmc_probe import PATH, BmcProbes
 
