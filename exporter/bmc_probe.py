@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs
 
 from prometheus_client import CollectorRegistry
@@ -38,7 +39,7 @@ from prometheus_client.exposition import choose_encoder
 
 from exporter.collector import ExporterCollector
 from exporter.config import AgentConfig, BmcTarget
-from exporter.poller import SourceRunner
+from exporter.poller import SourceRunner, SourceState
 from exporter.sources import SOURCES
 from exporter.web import Environ, StartResponse
 
@@ -48,6 +49,24 @@ log = logging.getLogger(__name__)
 PATH = "/bmc"
 
 
+class TargetRunner(SourceRunner):
+    """A BMC target's runner: its log lines name the node, as many BMCs share one log."""
+
+    def __init__(self, node: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.node = node
+
+    def _log_change(self, before: SourceState, after: SourceState) -> None:
+        if (before.up, before.reason) == (after.up, after.reason):
+            return
+        if not after.up:
+            log.warning("BMC %s (%s) failing: %s", self.node, self.name, after.reason)
+        elif after.reason:
+            log.info("BMC %s (%s): %s", self.node, self.name, after.reason)
+        elif before.up is not None:
+            log.info("BMC %s (%s) recovered", self.node, self.name)
+
+
 class ProbedBmc:
     """One BMC of `bmcs`: its source, kept across probes, and its node's exposition."""
 
@@ -55,7 +74,7 @@ class ProbedBmc:
         self.node = node
         name, source_config = target.source
         source = SOURCES[name](sysfs, source_config)
-        self.runner = SourceRunner(source, source_config.effective_interval)
+        self.runner = TargetRunner(node, source, source_config.effective_interval)
         # The node as its own exporter declares it: the collector adds `node` and
         # `llmgw_node_info` from this, and `bmc_includes_gpus` beside the power.
         node_config = AgentConfig(
