@@ -4,7 +4,8 @@
   of the decider's queries (decider/refresher.py `QUERIES`, matched on the series name
   inside the query) from `Readings`: membership, inventory, measured power, conditions,
   reading ages, GPU counts, GPU power limits, profiles' measured figures, how long hot
-  domains have been hot and what each condition rests on (evidence). A test changes the
+  domains have been hot, what each condition rests on (evidence) and, where a domain opts
+  in to oversubscription, the peaks. A test changes the
   readings at any time, and can switch the whole server, or one part's query, to misbehave:
   `down` (nothing listens on the port), `slow` (answers after `slow_s`), `garbage` (200 with
   a body that is not JSON), `error` (HTTP 500), `held` (no answer until `release()`),
@@ -66,6 +67,9 @@ SERIES: dict[str, str] = {
     "hot": "llmgw_domain_condition{condition='hot'} != 1)",  # its subquery's first
     "cpus": "llmgw_node_cpu_info",
     "evidence": "llmgw:domain_cooling_alarm",  # one of its figures' series
+    # The optional part (decider/peaks.py), asked where a domain opts in to oversubscription:
+    # its unit figure's series (its domain figures' selectors carry label matchers).
+    "peaks": "llmgw:unit_power_watts",
 }
 
 BEHAVIOURS = ("ok", "down", "slow", "garbage", "error", "held", "trickle")
@@ -111,6 +115,10 @@ class Readings:
     cpus: dict[str, list[str]] = field(default_factory=dict)  # node → its CPU models
     #: domain → {figure: value} (decider.snapshot.Evidence: inlet_celsius, warm_seconds, …)
     evidence: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: domain → {peak_watts, history_seconds}: the peaks part's (decider.snapshot.DomainPeak)
+    peaks: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: (model, profile) → one replica's peak, W (the peaks part's unit_peak_watts)
+    unit_peaks: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def series(self, part: str) -> list[tuple[dict[str, str], str]]:
         """The instant vector of one part's query."""
@@ -144,6 +152,15 @@ class Readings:
                 ({**_domain_labels(key), "figure": figure}, repr(float(v)))
                 for key, figures in self.evidence.items()
                 for figure, v in figures.items()
+            ]
+        if part == "peaks":
+            return [
+                ({**_domain_labels(key), "figure": figure}, repr(float(v)))
+                for key, figures in self.peaks.items()
+                for figure, v in figures.items()
+            ] + [
+                ({"model": model, "profile": profile, "figure": "unit_peak_watts"}, repr(v))
+                for (model, profile), v in self.unit_peaks.items()
             ]
         if part == "profiles":
             return [

@@ -25,10 +25,12 @@ def refuse(domain: Budgeted, estimate_watts: float) -> str | None:
         return None
     if domain.prediction is not None and domain.prediction.predicted:
         return None
+    # An oversubscribed domain judged by today's rule says why (decider.placement.predicted_peak).
+    fallback = "" if domain.prediction is None else f" ({domain.prediction.why})"
     return (
         f"{domain.label}: {kw(domain.load)} of {kw(domain.cap)} kW "
         f"{domain.load_basis}{other(domain)}, replica needs ~{kw(estimate_watts)}, "
-        f"margin {domain.margin * 100:g}%"
+        f"margin {domain.margin * 100:g}%{fallback}"
     )
 
 

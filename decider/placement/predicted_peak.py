@@ -46,6 +46,8 @@ concern = "power"
 reads = frozenset({"prediction", "limit", "cap", "margin", "other_watts"})
 
 Basis = Literal["predicted", "reserved"]
+#: How the lowest per-GPU limit is named where it is the ladder's floor.
+FLOOR_FROM = "the ladder's floor_gpu_watts"
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +137,11 @@ class Prediction:
     @property
     def predicted(self) -> bool:
         return self.basis == "predicted"
+
+    @property
+    def min_from_floor(self) -> bool:
+        """Whether the lowest per-GPU limit is the ladder's floor, not the card's minimum."""
+        return self.min_gpu_limit_from.startswith(FLOOR_FROM)
 
     @property
     def measured_peak_watts(self) -> float:
@@ -250,7 +257,7 @@ def min_gpu_limit(
     largest = max(member_limits, default=None)
     card = None if largest is None else MIN_LIMIT_FRACTION * largest
     if floor_watts is not None and (card is None or floor_watts > card):
-        return floor_watts, f"the ladder's floor_gpu_watts {floor_watts:g} W"
+        return floor_watts, f"{FLOOR_FROM} {floor_watts:g} W"
     if card is None:
         return None, "no GPU limit known"
     return card, f"the card minimum {card:.0f} W ({MIN_LIMIT_FRACTION:.0%} of {largest:g} W)"
@@ -267,39 +274,23 @@ def prediction(
     """One oversubscribed domain's basis and figures (module docstring)."""
     history = None if peak is None else peak.history_seconds
     quantile = None if peak is None else peak.peak_watts
-    pct = _pct(settings.percentile)
-    if not peaks_fresh:
-        why = "reserved: no fresh peaks part from Prometheus (today's rule)"
-    elif quantile is None or history is None:
-        why = "reserved: no measured power in the window yet (today's rule)"
-    elif history < settings.min_history:
-        why = (
-            f"reserved: {_duration(history)} of history, less than min_history "
-            f"{_duration(settings.min_history)} (today's rule)"
-        )
-    elif min_limit[0] is None:
-        why = (
-            "reserved: no GPU power limit known among its nodes, so no safe cap bounds it "
-            "(today's rule)"
-        )
+    fallback = _fallback(settings, peaks_fresh, quantile, history, min_limit[0])
+    if fallback is not None:
+        why = f"today's rule (reserved estimates): {fallback}"
     else:
-        why = (
-            f"predicted: p{pct} over {_duration(history)} of history "
-            f"{(quantile) / 1000:.1f} kW"
-            + (
-                f", measured now {measured_watts / 1000:.1f} kW"
-                if measured_watts is not None and measured_watts > quantile
-                else ""
-            )
-            + (
+        assert quantile is not None and history is not None
+        why = f"p{_pct(settings.percentile)} over {_duration(history)} of history " + (
+            f"{quantile / 1000:.1f} kW"
+        )
+        if measured_watts is not None and measured_watts > quantile:
+            why += f", measured now {measured_watts / 1000:.1f} kW"
+        if reserved.unseen_count:
+            why += (
                 f" + {reserved.unseen_count} reservation(s) not yet measured "
                 f"{reserved.unseen_watts / 1000:.1f} kW"
-                if reserved.unseen_count
-                else ""
             )
-        )
     return Prediction(
-        basis="predicted" if why.startswith("predicted") else "reserved",
+        basis="reserved" if fallback is not None else "predicted",
         why=why,
         percentile=settings.percentile,
         window_seconds=settings.window,
@@ -314,6 +305,28 @@ def prediction(
         min_gpu_limit_watts=min_limit[0],
         min_gpu_limit_from=min_limit[1],
     )
+
+
+def _fallback(
+    settings: Oversubscription,
+    peaks_fresh: bool,
+    quantile: float | None,
+    history: float | None,
+    min_limit: float | None,
+) -> str | None:
+    """Why a domain that opts in is judged by today's rule; None: it is not."""
+    if not peaks_fresh:
+        return "no fresh peaks part from Prometheus"
+    if quantile is None or history is None:
+        return "no measured power in the window yet"
+    if history < settings.min_history:
+        return (
+            f"{_duration(history)} of history, less than min_history "
+            f"{_duration(settings.min_history)}"
+        )
+    if min_limit is None:
+        return "no GPU power limit known among its nodes, so no safe cap bounds it"
+    return None
 
 
 class _Predicted:
@@ -359,7 +372,9 @@ def refuse(domain: _Predicted, replica: NewReplica) -> str | None:
     return (
         f"{domain.label}: predicted peak {fit.after_watts / 1000:.1f} kW with the replica fits "
         f"its {limit}, but the capping ladder could not bring it back at the estimates: "
-        f"{fit.safe_reason} (lowest: {found.min_gpu_limit_from})"
+        f"{fit.safe_reason}"
+        # safe_gpu_limit names the lowest limit the card minimum; say where it is the floor.
+        + (f" (the lowest: {found.min_gpu_limit_from})" if found.min_from_floor else "")
     )
 
 
@@ -368,12 +383,14 @@ def _pct(percentile: float) -> str:
 
 
 def _duration(seconds: float) -> str:
-    """`7.0 d`, `5.5 h`, `12 min`: a history as reasons show it."""
+    """`7.0 d`, `5.5 h`, `12 min`, `0.5 s`: a history as reasons show it."""
     if seconds >= 86400:
         return f"{seconds / 86400:.1f} d"
     if seconds >= 3600:
         return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 60:.0f} min"
+    if seconds >= 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.3g} s"
 
 
 def _rounded(value: float | None) -> float | None:
