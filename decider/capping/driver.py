@@ -174,6 +174,7 @@ class Capper:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._lock = threading.Lock()
+        self._refreshing = threading.Lock()
         self._memory = _Memory()
 
     @staticmethod
@@ -185,22 +186,25 @@ class Capper:
         now = self._clock()
         facility = view.facility
         refs = self.oversubscribed(facility)
-        with self._lock:
+        # Worked out under `_refreshing` alone (one refresh at a time: the uncapped limits and
+        # the states are the refresh's own), published under `_lock`, so that a lease waits
+        # for a swap, never for a refresh.
+        with self._refreshing:
             memory = self._memory
-            memory.lease_seconds = facility.oversubscription.lease
-            if "membership" in view.fresh:
-                memory.known = True
+            memory.lease_seconds = facility.oversubscription.lease  # one float: atomic
             classes = self._node_classes(view)
             found: dict[DomainRef, DomainCapping] = {}
             for ref in refs:
                 found[ref] = self._domain(view, ref, now, classes)
-            memory.domains = found
-            memory.refreshed_at = now
-            memory.states = {ref: capping.state for ref, capping in found.items()}
             for capping in found.values():
                 for node in capping.node_class:
                     if capping.node_cap(node) is not None:
                         memory.capped_at[node] = now
+            with self._lock:
+                memory.known = memory.known or "membership" in view.fresh
+                memory.domains = found
+                memory.states = {ref: capping.state for ref, capping in found.items()}
+                memory.refreshed_at = now
 
     def _node_classes(self, view: View) -> dict[str, tuple[int, str]]:
         """Each node with a reservation: (ladder rank, class key) of its highest class."""
