@@ -115,9 +115,9 @@ class WeekConfig:
     """Refuse admission to a domain capped for longer than (1 - percentile) of the window
     (not in the decider's rule: docs/oversubscription-week.md says why it matters)."""
     """The oversubscribed policy's capping ladder; False shows what it saves the site from."""
-    surge: tuple[float, float, float] | None = None
-    """(start s, end s, factor): every replica's demand times `factor` in that window (a
-    heavy day), served up to capacity."""
+    load_shape: tuple[tuple[float, float], ...] = ()
+    """(seconds, factor) points: every replica's demand times the factor interpolated
+    between them (a quiet spell, a heavy day), served up to capacity; () for none."""
 
 
 @dataclass
@@ -487,10 +487,9 @@ class Week:
             low + 1, self.a_diurnal
         ]
         demand = self.a_scale * shape * tokens
-        if self.config.surge is not None:
-            start, end, factor = self.config.surge
-            if start <= t < end:
-                demand = demand * factor
+        if self.config.load_shape:
+            times, factors = zip(*self.config.load_shape, strict=True)
+            demand = demand * float(np.interp(t, times, factors))
         return demand
 
     def _apply_caps(self, t: float) -> None:
