@@ -16,8 +16,10 @@ real Prometheus engine (promtool).
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,9 +31,12 @@ from hypothesis import strategies as st
 
 from decider import peaks
 from decider.capping.ladder import safe_gpu_limit
-from decider.facility import MIN_LIMIT_FRACTION, Facility
+from decider.facility import MIN_LIMIT_FRACTION, DomainRef, Facility
+from decider.models import Replica
 from decider.placement.predicted_peak import NewReplica, predicted_peak_fits
+from decider.snapshot import DomainPeak, Part
 from tests.decider_harness import Decider, FakePrometheus, Readings, poll, running
+from tests.placement_helpers import NOW, Site, make_facility, make_snapshot
 
 servers = pytest.mark.servers
 
@@ -277,6 +282,75 @@ def test_an_admission_never_leaves_the_safe_limit_below_the_card_minimum(
             assert other + non_gpu + gpus * safe <= limit + 1e-6
         else:
             assert other + non_gpu <= limit + 1e-6
+
+
+arrivals_on_a_rack = st.lists(
+    st.tuples(st.integers(0, 3), st.integers(0, 8), st.sampled_from(["small", "big"])),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    cap=st.floats(5_000, 60_000),
+    quantile=st.floats(0, 30_000),
+    limits=st.lists(st.floats(300, 1_000), min_size=4, max_size=4),
+    floor=st.none() | st.floats(100, 600),
+    unit_peaks=st.fixed_dictionaries({"small": st.floats(50, 2_000), "big": st.floats(50, 8_000)}),
+    arrivals=arrivals_on_a_rack,
+)
+def test_through_the_decider_no_admission_leaves_the_safe_limit_below_the_card_minimum(
+    cap: float,
+    quantile: float,
+    limits: list[float],
+    floor: float | None,
+    unit_peaks: dict[str, float],
+    arrivals: list[tuple[int, int, str]],
+) -> None:
+    """Reservations through the decider's State (its View, judge and the rule) on one
+    oversubscribed rack of four nodes with cards of different limits: after each one it
+    admits, every reserved GPU at one limit no lower than the card's minimum (30 % of the
+    largest limit) or the floor fits the budget at the estimates."""
+    rack = "rack/r"
+    nodes = [f"n{index}" for index in range(4)]
+    ladder = {} if floor is None else {"ladder": {"floor_gpu_watts": floor}}
+    facility = make_facility(
+        {rack: {"cap_watts": cap, "oversubscribe": True}},
+        oversubscription={"window": "1h", "min_history": "1m", **ladder},
+    )
+    snapshot = make_snapshot(
+        dict.fromkeys(nodes, (rack,)),
+        measured={rack: quantile / 2},
+        gpus=dict.fromkeys(nodes, 8),
+        limits=dict(zip(nodes, limits, strict=True)),
+    )
+    snapshot = dataclasses.replace(
+        snapshot,
+        domain_peaks={DomainRef.parse(rack): DomainPeak(quantile, 3_600.0)},
+        unit_peak_watts={("m", profile): watts for profile, watts in unit_peaks.items()},
+        parts={**snapshot.parts, "peaks": Part(NOW)},
+    )
+    minimum = max(MIN_LIMIT_FRACTION * max(limits), floor or 0.0)
+    with tempfile.TemporaryDirectory() as directory:
+        site = Site(Path(directory) / "decider.db", facility, snapshot, (), {})
+        try:
+            for node, gpus, profile in arrivals:
+                made = site.reserve(nodes[node], Replica(model="m", profile=profile, gpus=gpus))
+                if made.reservation is None:
+                    continue
+                domain = site.view().domain(DomainRef.parse(rack))
+                found = domain.prediction
+                assert found is not None and found.predicted, found
+                assert domain.limit is not None
+                fixed = domain.other_watts + found.reserved_non_gpu_watts
+                if found.reserved_gpus:
+                    safe, why = safe_gpu_limit(domain.limit, fixed, found.reserved_gpus, minimum)
+                    assert safe is not None and safe >= minimum, why
+                else:
+                    assert fixed <= domain.limit
+        finally:
+            site.store.close()
 
 
 def test_a_replica_past_the_predicted_peak_is_refused_for_it() -> None:
