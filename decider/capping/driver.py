@@ -287,6 +287,10 @@ class Capper:
         if safe is None:
             safe = lowest
             safe_reason += f": the safe limit is the lowest a card takes, {lowest:g} W"
+        highest = max((group.limit_watts for group in groups), default=None)
+        if highest is not None and safe > highest:  # fits uncapped: never above a card's limit
+            safe = highest
+            safe_reason += f": it fits at every GPU's limit, {highest:g} W"
         measured = domain.measured if "measured" in view.fresh else None
         power = None if measured is None else measured + declared_other
         state = self._memory.states.get(ref) or initial(now)

@@ -120,7 +120,7 @@ def _uniform_cut(
         return {}, max(0.0, cut)
 
     def at(group: ClassGpus, cap: float) -> float:
-        return min(base[group.klass], max(group.lowest(floor), cap))
+        return float(min(base[group.klass], max(group.lowest(floor), cap)))
 
     def saving(cap: float) -> float:
         return sum(group.gpus * (base[group.klass] - at(group, cap)) for group in groups)
@@ -327,7 +327,9 @@ def advance(
         text += ": uncapped" + (f" ({said})" if said else "")
     else:
         worst = worst_case(groups, caps, other_watts)
-        text += f"{' ' + said if said else ''}: step {step}, {_describe_caps(groups, caps)}"
+        # "> first threshold 0.9" reads on from the figures; anything else is a clause
+        joined = (" " if said.startswith(">") else "; ") + said if said else ""
+        text += f"{joined}: step {step}, {_describe_caps(groups, caps)}"
         text += f"; worst case {_kw(worst)} kW against the target {_kw(target)} kW"
         if fit.short_watts > 0:
             text += (

@@ -54,5 +54,5 @@ def capping_table(decider: Decider, node: str | None, as_json: bool) -> int:
         for line in table(headers, rows, frozenset({1, 2, 3, 4, 6, 7})):
             print(line)
     for entry in answer["domains"]:
-        print(f"{entry['kind']}/{entry['domain']}: {entry['reason']}")
+        print(entry["reason"])  # it names the domain
     return 0
