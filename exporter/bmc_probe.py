@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -40,13 +40,17 @@ from prometheus_client.exposition import choose_encoder
 from exporter.collector import ExporterCollector
 from exporter.config import AgentConfig, BmcTarget
 from exporter.poller import SourceRunner, SourceState
-from exporter.sources import SOURCES
+from exporter.sources.bmc import BmcSource
+from exporter.sources.ipmi import IpmiSource
+from exporter.sources.redfish import RedfishSource
 from exporter.web import Environ, StartResponse
 
 log = logging.getLogger(__name__)
 
 #: The path Prometheus' scrape job asks (`metrics_path`), with `?target=NODE`.
 PATH = "/bmc"
+#: The sources a target's section names (exporter.config.BmcTarget.source).
+BMC_SOURCES: dict[str, type[BmcSource]] = {"ipmi": IpmiSource, "redfish": RedfishSource}
 
 
 class TargetRunner(SourceRunner):
@@ -70,10 +74,17 @@ class TargetRunner(SourceRunner):
 class ProbedBmc:
     """One BMC of `bmcs`: its source, kept across probes, and its node's exposition."""
 
-    def __init__(self, node: str, target: BmcTarget, sysfs: Path) -> None:
+    def __init__(
+        self,
+        node: str,
+        target: BmcTarget,
+        sysfs: Path,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.node = node
         name, source_config = target.source
-        source = SOURCES[name](sysfs, source_config)
+        # `clock`: the source's, for its `stale_after` and `frozen_after` (tests move it).
+        source = BMC_SOURCES[name](sysfs, source_config, clock)
         self.runner = TargetRunner(node, source, source_config.effective_interval)
         # The node as its own exporter declares it: the collector adds `node` and
         # `llmgw_node_info` from this, and `bmc_includes_gpus` beside the power.
@@ -107,8 +118,15 @@ class ProbedBmc:
 class BmcProbes:
     """The `/bmc` route: a probe per request, for the targets agent.yaml lists."""
 
-    def __init__(self, targets: Mapping[str, BmcTarget], sysfs: Path) -> None:
-        self.targets = {node: ProbedBmc(node, target, sysfs) for node, target in targets.items()}
+    def __init__(
+        self,
+        targets: Mapping[str, BmcTarget],
+        sysfs: Path,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.targets = {
+            node: ProbedBmc(node, target, sysfs, clock) for node, target in targets.items()
+        }
 
     def app(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         query = environ.get("QUERY_STRING", "")

@@ -17,12 +17,15 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import config as agent_config
+from exporter.bmc_probe import BmcProbes
+from exporter.config import BmcTarget
 from exporter.sources import SOURCES
 from llmgw_common.yamlfile import ConfigError
 from tests.exporter_helpers import serving_exporter
@@ -285,6 +288,59 @@ def test_concurrent_probes_of_one_target_never_read_it_twice_at_once(tmp_path: P
     # Six probes at once: the read in flight, and at most one more for those that asked
     # while it ran (they take its answer), never one each.
     assert 1 <= len(events) // 2 <= 2
+
+
+# --- frozen_after, judged per target across probes ---------------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def wsgi_probe(probes: BmcProbes, target: str) -> str:
+    """The body of `/bmc?target=TARGET`, asked of the WSGI app in this process."""
+    statuses: list[str] = []
+    environ: dict[str, object] = {"QUERY_STRING": urlencode({"target": target})}
+    body = b"".join(probes.app(environ, lambda status, headers: statuses.append(status)))
+    assert statuses == ["200 OK"], body
+    return body.decode()
+
+
+def test_a_frozen_reading_is_judged_per_target_across_probes(tmp_path: Path) -> None:
+    """Each target keeps its source between probes: a reading the same for `frozen_after`
+    over several probes reads that target down, and only that one (the clock is the
+    sources', moved by the test; the BMCs are real)."""
+    clock = FakeClock()
+    with running_bmc(tmp_path / "a") as first, running_bmc(tmp_path / "b") as second:
+        targets = {
+            node: BmcTarget.model_validate(ipmi_target(bmc, "r12-07", frozen_after="60s"))
+            for node, bmc in (("gpu-a", first), ("gpu-b", second))
+        }
+        probes = BmcProbes(targets, Path("/nonexistent-sysfs"), clock)
+        try:
+            for _ in range(2):  # 332 W at 0 s and at 30 s: an idle node may
+                body = wsgi_probe(probes, "gpu-a")
+                assert value(body, "llmgw_node_power_watts", node="gpu-a", source="ipmi") == 332
+                assert value(body, "llmgw_exporter_source_up", node="gpu-a", source="ipmi") == 1
+                clock.now += 30
+            frozen = wsgi_probe(probes, "gpu-a")  # 60 s the same: frozen
+            assert value(frozen, "llmgw_exporter_source_up", node="gpu-a", source="ipmi") == 0
+            assert value(frozen, "llmgw_node_power_watts", node="gpu-a", source="ipmi") is None
+            # The other BMC reads the same 332 W, first read now: its own judgement.
+            other = wsgi_probe(probes, "gpu-b")
+            assert value(other, "llmgw_exporter_source_up", node="gpu-b", source="ipmi") == 1
+            assert value(other, "llmgw_node_power_watts", node="gpu-b", source="ipmi") == 332
+            first.set_power(336)
+            clock.now += 30
+            moved = wsgi_probe(probes, "gpu-a")
+            assert value(moved, "llmgw_exporter_source_up", node="gpu-a", source="ipmi") == 1
+            assert value(moved, "llmgw_node_power_watts", node="gpu-a", source="ipmi") == 336
+        finally:
+            probes.close()
 
 
 # --- agent.yaml's bmcs -------------------------------------------------------------------
