@@ -10,8 +10,9 @@ site of four racks with the same budget (10 kW, margin 10 %: a 9 kW limit), the 
 - `rack/young` opts in with 0.5 s of history, less than min_history: today's rule, said why;
 - `rack/tight` opts in, for the safe-cap bound, with 8-GPU replicas.
 
-And the pure computation (`predicted_peak_fits`) under hypothesis; and the peaks query on a
-real Prometheus engine (promtool).
+And the safe-cap bound as a hypothesis property, of the pure computation
+(`predicted_peak_fits`) and through the decider's State; and the peaks query on Prometheus'
+engine (promtool) and on VictoriaMetrics.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ import dataclasses
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -37,6 +40,7 @@ from decider.placement.predicted_peak import NewReplica, predicted_peak_fits
 from decider.snapshot import DomainPeak, Part
 from tests.decider_harness import Decider, FakePrometheus, Readings, poll, running
 from tests.placement_helpers import NOW, Site, make_facility, make_snapshot
+from tests.promstack import victoria_metrics
 
 servers = pytest.mark.servers
 
@@ -361,14 +365,30 @@ def test_a_replica_past_the_predicted_peak_is_refused_for_it() -> None:
     assert past.refused == "peak"
 
 
-# --- the peaks query on a real Prometheus engine -----------------------------------------------
+# --- the peaks query on Prometheus' engine (promtool) and on VictoriaMetrics --------------------
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
-def test_prometheus_answers_the_peaks_query(tmp_path: Path) -> None:
-    """One hour at one sample a minute: rack r1.a measured from minute 20 on, its p90 and
-    history; rack r1xa (which a `.` unescaped would match) and an opted-out rack left out; a
-    model profile's peak per replica, the larger of its two units' p90."""
+#: One hour at one sample a minute (promtool's notation): rack r1.a measured from minute 20
+#: on, 37 samples at 1,000 W then 4 at 5,000 (its 90th percentile of the 41 is 1,000 W); rack
+#: r1xa, which a `.` unescaped would match, and pdu p1 from the start; two units of one profile.
+HISTORY = {
+    'llmgw_domain_measured_watts{kind="rack",domain="r1.a"}': "_x20 1000x36 5000x3",
+    'llmgw_domain_measured_watts{kind="rack",domain="r1xa"}': "9000x60",
+    'llmgw_domain_measured_watts{kind="pdu",domain="p1"}': "2000x60",
+    'llmgw:unit_power_watts{node="n1",unit="u1",model="m",profile="tp1"}': "300x60",
+    'llmgw:unit_power_watts{node="n2",unit="u2",model="m",profile="tp1"}': "350x60",
+}
+#: At minute 60: each figure, by (its labels, as promtool writes them).
+PEAKS = {
+    '{kind="rack",domain="r1.a",figure="peak_watts"}': 1_000,
+    '{kind="rack",domain="r1.a",figure="history_seconds"}': 2_400,
+    '{kind="pdu",domain="p1",figure="peak_watts"}': 2_000,
+    '{kind="pdu",domain="p1",figure="history_seconds"}': 3_600,
+    '{model="m",profile="tp1",figure="unit_peak_watts"}': 350,
+}
+
+
+def peaks_query() -> str:
     facility = Facility.model_validate(
         {
             "oversubscription": {"percentile": 0.9, "window": "1h", "min_history": "10m"},
@@ -381,33 +401,22 @@ def test_prometheus_answers_the_peaks_query(tmp_path: Path) -> None:
     )
     query = peaks.query(facility)
     assert query is not None
-    assert peaks.query(Facility()) is None  # nobody opts in: no query
-    # 37 samples at 1,000 W, then 4 at 5,000: the 90th percentile of the 41 is 1,000 W.
-    spike = "_x20 1000x36 5000x3"
-    inputs = [
-        {"series": 'llmgw_domain_measured_watts{kind="rack",domain="r1.a"}', "values": spike},
-        {"series": 'llmgw_domain_measured_watts{kind="rack",domain="r1xa"}', "values": "9000x60"},
-        {"series": 'llmgw_domain_measured_watts{kind="pdu",domain="p1"}', "values": "2000x60"},
-        {
-            "series": 'llmgw:unit_power_watts{node="n1",unit="u1",model="m",profile="tp1"}',
-            "values": "300x60",
-        },
-        {
-            "series": 'llmgw:unit_power_watts{node="n2",unit="u2",model="m",profile="tp1"}',
-            "values": "350x60",
-        },
-    ]
-    expected = [
-        ('{kind="rack",domain="r1.a",figure="peak_watts"}', 1000),
-        ('{kind="rack",domain="r1.a",figure="history_seconds"}', 2400),
-        ('{kind="pdu",domain="p1",figure="peak_watts"}', 2000),
-        ('{kind="pdu",domain="p1",figure="history_seconds"}', 3600),
-        ('{model="m",profile="tp1",figure="unit_peak_watts"}', 350),
-    ]
+    return query
+
+
+def test_no_domain_opting_in_asks_no_peaks_query() -> None:
+    assert peaks.query(Facility()) is None
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+def test_prometheus_answers_the_peaks_query(tmp_path: Path) -> None:
+    """HISTORY's p90 and history per opted-in domain, the decoy and the opted-out rack left
+    out, and a model profile's peak per replica, the larger of its two units' p90."""
+    inputs = [{"series": series, "values": values} for series, values in HISTORY.items()]
     test = {
-        "expr": query,
+        "expr": peaks_query(),
         "eval_time": "60m",
-        "exp_samples": [{"labels": labels, "value": value} for labels, value in expected],
+        "exp_samples": [{"labels": labels, "value": value} for labels, value in PEAKS.items()],
     }
     test_file = tmp_path / "peaks_query_test.yml"
     test_file.write_text(
@@ -427,3 +436,56 @@ def test_prometheus_answers_the_peaks_query(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _expanded(values: str) -> list[float | None]:
+    """promtool's `_xN` (N gaps) and `VxN` (N + 1 samples of V), one a minute."""
+    found: list[float | None] = []
+    for word in values.split():
+        head, _, times = word.partition("x")
+        if head == "_":
+            found += [None] * int(times)
+        else:
+            found += [float(head)] * (int(times) + 1 if times else 1)
+    return found
+
+
+def _labels(item: dict[str, Any]) -> str:
+    metric = item["metric"]
+    order = ("kind", "domain", "figure") if "kind" in metric else ("model", "profile", "figure")
+    return "{" + ",".join(f'{name}="{metric[name]}"' for name in order) + "}"
+
+
+@servers
+def test_victoria_metrics_answers_the_peaks_query(tmp_path: Path) -> None:
+    """The same history imported into VictoriaMetrics: the same figures, the history to
+    within one step of its subquery (its steps are aligned its own way)."""
+    start = (int(time.time()) // 3600 - 2) * 3600  # two hours back, on the hour
+    lines = [
+        f"{series} {value:g} {(start + minute * 60) * 1000}"
+        for series, values in HISTORY.items()
+        for minute, value in enumerate(_expanded(values))
+        if value is not None
+    ]
+    query = peaks_query()
+    found: dict[str, float] = {}
+    with victoria_metrics(tmp_path / "vm", scrape_targets={}) as server:
+        imported = requests.post(
+            f"{server.url}/api/v1/import/prometheus", data="\n".join(lines) + "\n", timeout=10
+        )
+        assert imported.status_code == 204, imported.text
+        deadline = time.monotonic() + 30
+        while found.keys() != PEAKS.keys() and time.monotonic() < deadline:
+            requests.get(f"{server.url}/internal/force_flush", timeout=10)
+            answer = requests.get(
+                f"{server.url}/api/v1/query",
+                params={"query": query, "time": start + 3_600},
+                timeout=10,
+            ).json()
+            assert answer["status"] == "success", answer
+            found = {_labels(item): float(item["value"][1]) for item in answer["data"]["result"]}
+            time.sleep(0.2)
+    assert found.keys() == PEAKS.keys(), found
+    for labels, value in PEAKS.items():
+        tolerance = 2.0 if "history_seconds" in labels else 1e-9  # one 2 s step of the subquery
+        assert abs(found[labels] - value) <= tolerance, (labels, found[labels], value)
