@@ -143,6 +143,9 @@ class WeekResult:
     tokens_demanded: float
     tokens_served: float
     tokens_lost_capping: float
+    lost_by_model: dict[str, float]
+    served_by_model: dict[str, float]
+    """Tokens lost to capping per model."""
     tokens_beyond_capacity: float
     energy_joules: float
     history: np.ndarray
@@ -528,6 +531,8 @@ class Week:
         cap_line = np.array([d.cap_watts for d in self.domains])
         over_since: list[float | None] = [None] * len(self.domains)
         demanded = served_total = lost_capping = beyond = energy = 0.0
+        lost_by_model = np.zeros(len(MODELS))
+        served_by_model = np.zeros(len(MODELS))
         max_lag = 0.0
         ladder_on = self.policy == "oversubscribe" and config.ladder
         self._arrays_stale = True
@@ -574,7 +579,11 @@ class Week:
             history[step] = power
             demanded += float(demand.sum()) * STEP_S
             served_total += float(served.sum()) * STEP_S
-            lost_capping += float((servable - served).sum()) * STEP_S
+            served_by_model += np.bincount(self.a_model, served, len(MODELS)) * STEP_S
+            if over.any():
+                lost = (servable - served) * STEP_S
+                lost_capping += float(lost.sum())
+                lost_by_model += np.bincount(self.a_model, lost, len(MODELS))
             beyond += float((demand - servable).sum()) * STEP_S
             energy += float(racks.sum()) * STEP_S
             for d in np.flatnonzero(power > cap_line):
@@ -627,6 +636,8 @@ class Week:
             tokens_demanded=demanded,
             tokens_served=served_total,
             tokens_lost_capping=lost_capping,
+            lost_by_model={m.name: float(lost_by_model[i]) for i, m in enumerate(MODELS)},
+            served_by_model={m.name: float(served_by_model[i]) for i, m in enumerate(MODELS)},
             tokens_beyond_capacity=beyond,
             energy_joules=energy,
             history=history,

@@ -12,6 +12,7 @@ matplotlib.use("Agg")  # no display: files only
 import matplotlib.pyplot as plt
 import numpy as np
 
+from llmgw_sim.week.data import CLASSES, MODELS
 from llmgw_sim.week.engine import STEP_S, WeekResult
 
 POWER_PLOT = "oversubscription-week-power.png"
@@ -97,9 +98,22 @@ def table(results: dict[str, WeekResult]) -> str:
             f"each <= the reaction time, {reaction:g} s",
         ),
         line(
+            "longest lag from a GPU reading to its cap in this run",
+            [
+                f"{result.max_lag_s:g} s" if result.stats[0].domain.oversubscribe else "-"
+                for result in results.values()
+            ],
+            f"<= {reaction:g} s (the chain's worst case)",
+        ),
+        line(
             "tokens lost to capping, at most (of what the replicas would serve uncapped)",
             [f"{f.capping_loss:.2%}" for f in found.values()],
             "<= 1 %",
+        ),
+        line(
+            "the same, by class (the models' classes, lowest first)",
+            [_by_class(result) for result in results.values()],
+            "",
         ),
         line(
             "tokens per joule of the site (tokens served / site energy)",
@@ -123,6 +137,17 @@ def table(results: dict[str, WeekResult]) -> str:
         ),
     ]
     return "\n".join(lines)
+
+
+def _by_class(result: WeekResult) -> str:
+    """Tokens lost to capping per class, as a share of what that class served uncapped."""
+    parts = []
+    for klass in CLASSES:
+        names = [model.name for model in MODELS if model.klass == klass]
+        lost = sum(result.lost_by_model[name] for name in names)
+        served = sum(result.served_by_model[name] for name in names)
+        parts.append(f"{klass} {lost / (served + lost) if served + lost else 0.0:.1%}")
+    return ", ".join(parts)
 
 
 def _per_minute_max(series: np.ndarray) -> np.ndarray:
