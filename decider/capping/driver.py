@@ -14,9 +14,10 @@ At each refresh, per oversubscribed domain:
 - **each GPU's uncapped limit**: the enforced limit Prometheus reads (`limits` part), taken
   as the node's uncapped limit once the node has gone a whole lease without a cap from the
   decider (a capped card reads its cap); until then the largest read. **The card's
-  minimum** is not published: `MIN_LIMIT_FRACTION` of the uncapped limit stands in for it,
-  and `oversubscription.ladder.floor_gpu_watts` raises it (set it to the largest minimum
-  among the site's cards: the agent refuses a limit below the card's range);
+  minimum** is not published: `MIN_LIMIT_FRACTION` (decider.facility) of the uncapped
+  limit stands in for it, and `oversubscription.ladder.floor_gpu_watts` raises it (set it
+  to the largest minimum among the site's cards: the agent refuses a limit below the
+  card's range);
 - **what besides the GPUs**: `other_watts` plus `node_share_watts` per member node, the
   estimates' share (decider.placement.estimate);
 - a **lost feed** (decider.capping.feeds).
@@ -51,9 +52,8 @@ from decider.capping.ladder import (
     safe_gpu_limit,
     worst_case,
 )
-from decider.facility import DomainRef, Facility
+from decider.facility import MIN_LIMIT_FRACTION, DomainRef, Facility
 from decider.placement.view import View
-from decider.power_capping import MIN_LIMIT_FRACTION
 from decider.shedding.moves import class_of
 
 
