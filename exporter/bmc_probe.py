@@ -17,8 +17,9 @@ Per target, across probes, the source is kept: its last reading (served through 
 reads until `stale_after`), `frozen_after`'s judgement, FreeIPMI's SDR cache, a Redfish
 session. One BMC is never read twice at once: concurrent probes of one target wait for the
 read in flight, and a probe that waited while a read *began after it asked* takes that
-read's answer instead of starting another (Prometheus' retries and two Prometheus servers
-scraping the same job cost the BMC one read). A read stuck past the deadline is abandoned
+read's answer instead of starting another (the probes that arrive during one read share
+the next: Prometheus' retries and two Prometheus servers scraping the same job at the same
+moment cost the BMC at most one more read). A read stuck past the deadline is abandoned
 (`hung`), and while it stays stuck no new one is started (exporter.deadline.HangGuard).
 
 The exporter's own `/metrics` is unchanged: these BMCs are read only when probed.
@@ -94,9 +95,9 @@ class ProbedBmc:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ExporterCollector(node_config, [self.runner]))
         self._lock = threading.Lock()
-        #: When the last read began (monotonic): a probe that asked before it takes its answer.
+        #: When the last read began (monotonic): a probe that asked before then, and waited
+        #: for it, takes its answer (a fresh one: begun after the probe asked).
         self._read_began: float | None = None
-        self.reads = 0
 
     def read(self) -> None:
         """Read the BMC now, unless a read that began after this call was made has just ended."""
@@ -105,7 +106,6 @@ class ProbedBmc:
             if self._read_began is not None and self._read_began >= asked:
                 return
             self._read_began = time.monotonic()
-            self.reads += 1
             self.runner.poll_once()
 
     def close(self) -> None:

@@ -285,8 +285,8 @@ def test_concurrent_probes_of_one_target_never_read_it_twice_at_once(tmp_path: P
     assert [kind for kind, _ in events] == ["begin", "end"] * (len(events) // 2)
     times = [float(at) for _, at in events]
     assert times == sorted(times)
-    # Six probes at once: the read in flight, and at most one more for those that asked
-    # while it ran (they take its answer), never one each.
+    # Six probes at once: the first one's read, and at most one more, which every probe
+    # that asked while the first ran waited for and shares; never one each.
     assert 1 <= len(events) // 2 <= 2
 
 
