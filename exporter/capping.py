@@ -581,9 +581,16 @@ class CappingAgent:
         )
         self._thread.start()
 
-    def close(self, timeout: float = 10.0) -> None:
-        """After `stop` is set: wait for the pass in flight, then let NVML go."""
+    def close(self, timeout: float = 2.0) -> None:
+        """After `stop` is set: wait a little for the pass in flight, then let NVML go.
+
+        A pass still waiting on the decider or on NVML is left to its daemon thread (its
+        deadlines end it): the process is ending, and SIGTERM must not wait on a decider.
+        """
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("capping: stopping with a pass still waiting on the decider or NVML")
+                return
         if not self.nvml_guard.busy:
             self.nvml.release(NVML_USER)

@@ -14,6 +14,8 @@ import contextlib
 import json
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -573,3 +575,22 @@ def test_a_state_file_that_cannot_be_written_is_a_failure_shown(tmp_path: Path):
             )
             assert value(metrics, "llmgw_capping_agent_up") == 0
             assert "capping: cannot write the state file" in running.log_text()
+
+
+def test_capping_is_off_by_default_and_refused_half_configured(tmp_path: Path):
+    from exporter.config import AgentConfig
+
+    assert AgentConfig().capping.enabled is False
+    agent = tmp_path / "agent.yaml"
+    agent.write_text("node: n1\ncapping:\n  enabled: true\n  decider_url: decider:9860\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "exporter", "--config", str(agent), "--once"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "capping.decider_url: Value error, 'decider:9860' is not an http:// or https:// URL" in (
+        result.stderr
+    )
