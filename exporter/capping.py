@@ -152,12 +152,15 @@ class DeciderClient:
                 f"{self.url} answered 404 without the decider's answer (a wrong decider_url,"
                 " or a decider without the capping API?)"
             )
+        said = ""
+        if isinstance(data, dict) and isinstance(data.get("error") or data.get("detail"), str):
+            said = f": {str(data.get('error') or data.get('detail'))[:300]}"
         if status in (401, 403):
             raise LeaseUnavailable(
-                f"the decider refused the token ({status}): check capping.token_file"
+                f"the decider refused the token ({status}): check capping.token_file{said}"
             )
         if status != 200:
-            raise LeaseUnavailable(f"the decider answered {status}")
+            raise LeaseUnavailable(f"the decider answered {status}{said}")
         try:
             lease = Lease.model_validate(data)
         except ValidationError as exc:
