@@ -180,7 +180,8 @@ class Target:
     (restored only on the GPUs the agent capped)."""
 
     watts: float | None
-    why: str
+    why: str  # for the change's log line: changes with every lease
+    what: str = "the lease's cap"  # for a refusal's, logged once per change of its text
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +246,7 @@ class Actuator:
                 return (
                     f"GPU {index} ({uuid}): refusing {watts(wanted_mw)}: outside the card's"
                     f" range {watts(low_mw)} to {watts(high_mw)}; keeping {watts(current_mw)}"
-                    f" ({target.why})"
+                    f" ({target.what})"
                 )
         if wanted_mw != current_mw:
             api.nvmlDeviceSetPowerManagementLimit(handle, wanted_mw)
@@ -402,6 +403,7 @@ class CappingAgent:
                 Target(
                     self.lease.safe_gpu_limit_watts,
                     "safe cap of the last lease saved, at start before the first lease",
+                    "the safe cap",
                 ),
                 "safe",
             )
@@ -458,7 +460,7 @@ class CappingAgent:
                 f"safe cap: no lease renewed ({self._decider_problem or 'none yet'});"
                 f" the last one ran out {ran_out}"
             )
-            self._apply(Target(self.lease.safe_gpu_limit_watts, why), "safe")
+            self._apply(Target(self.lease.safe_gpu_limit_watts, why, "the safe cap"), "safe")
         else:
             self._publish("off", self.view.caps, None)  # nothing leased yet, nothing saved
         return self._next_wait(renewed, now)

@@ -461,10 +461,15 @@ def test_a_cap_outside_the_cards_range_is_refused_and_logged(tmp_path: Path):
             assert gpu_watts(metrics, "llmgw_gpu_power_cap_watts") == [None, None]
             assert value(metrics, "llmgw_capping_agent_up") == 0
             assert node.card_limits_w() == {}
-            assert (
+            refusal = (
                 f"capping: GPU 0 ({UUIDS[0]}): refusing 150 W: outside the card's range"
-                " 200 W to 700 W; keeping 700 W" in running.log_text()
+                " 200 W to 700 W; keeping 700 W (the lease's cap)"
             )
+            assert refusal in running.log_text()
+            # Logged once, not at every renewal (every 2 s).
+            renewals = server.requests
+            wait_for(running, lambda m: server.requests >= renewals + 2, "two more renewals")
+            assert running.log_text().count(refusal) == 1
             server.set(gpu_limit_watts=410.0)
             metrics = wait_for(running, leased_at(410.0), "the next lease, in range")
             assert value(metrics, "llmgw_capping_agent_failing", reason="refused") is None
