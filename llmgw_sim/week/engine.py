@@ -145,6 +145,11 @@ class WeekResult:
     tokens_lost_capping: float
     lost_by_model: dict[str, float]
     served_by_model: dict[str, float]
+    gpu_energy_joules: float
+    """What the replicas' GPUs drew."""
+    gpu_energy_withheld_joules: float
+    """What they would have drawn more uncapped: the caps' effect, whatever the throughput
+    model says it cost."""
     """Tokens lost to capping per model."""
     tokens_beyond_capacity: float
     energy_joules: float
@@ -164,6 +169,12 @@ class WeekResult:
     @property
     def tokens_per_joule(self) -> float:
         return self.tokens_served / self.energy_joules if self.energy_joules else 0.0
+
+    @property
+    def withheld_share(self) -> float:
+        """The replicas' GPU energy the caps held back, of what they would have drawn."""
+        uncapped = self.gpu_energy_joules + self.gpu_energy_withheld_joules
+        return self.gpu_energy_withheld_joules / uncapped if uncapped else 0.0
 
     @property
     def capping_loss_share(self) -> float:
@@ -532,6 +543,7 @@ class Week:
         over_since: list[float | None] = [None] * len(self.domains)
         demanded = served_total = lost_capping = beyond = energy = 0.0
         lost_by_model = np.zeros(len(MODELS))
+        gpu_energy = withheld = 0.0
         served_by_model = np.zeros(len(MODELS))
         max_lag = 0.0
         ladder_on = self.policy == "oversubscribe" and config.ladder
@@ -558,6 +570,7 @@ class Week:
             cap_total = self.cap_w * self.a_gpus
             over = gpu_power > cap_total
             if over.any():
+                withheld += float((gpu_power - cap_total)[over].sum()) * STEP_S
                 gpu_power = np.where(over, cap_total, gpu_power)
                 served = np.where(over, np.minimum(servable, self.cap_throughput), servable)
             else:
@@ -579,6 +592,7 @@ class Week:
             history[step] = power
             demanded += float(demand.sum()) * STEP_S
             served_total += float(served.sum()) * STEP_S
+            gpu_energy += float(gpu_power.sum()) * STEP_S
             served_by_model += np.bincount(self.a_model, served, len(MODELS)) * STEP_S
             if over.any():
                 lost = (servable - served) * STEP_S
@@ -637,6 +651,8 @@ class Week:
             tokens_served=served_total,
             tokens_lost_capping=lost_capping,
             lost_by_model={m.name: float(lost_by_model[i]) for i, m in enumerate(MODELS)},
+            gpu_energy_joules=gpu_energy,
+            gpu_energy_withheld_joules=withheld,
             served_by_model={m.name: float(served_by_model[i]) for i, m in enumerate(MODELS)},
             tokens_beyond_capacity=beyond,
             energy_joules=energy,

@@ -116,6 +116,11 @@ def table(results: dict[str, WeekResult]) -> str:
             "",
         ),
         line(
+            "replicas' GPU energy the caps held back",
+            [f"{result.withheld_share:.2%}" for result in results.values()],
+            "",
+        ),
+        line(
             "tokens per joule of the site (tokens served / site energy)",
             [f"{f.tokens_per_joule:.3f}" for f in found.values()],
             "",
