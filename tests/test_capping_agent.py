@@ -154,6 +154,8 @@ class Node:
     root: Path
     decider_url: str = "http://127.0.0.1:9"  # nothing listens: a decider that is down
     set_errors: dict[str, str] = field(default_factory=dict)
+    name: str = NODE
+    token: str = TOKEN
 
     @property
     def nvml_state(self) -> Path:
@@ -177,14 +179,14 @@ class Node:
         nvml = self.root / "nvml.json"
         nvml.write_text(json.dumps({"devices": devices}))
         token = self.root / "token"
-        token.write_text(TOKEN + "\n")
+        token.write_text(self.token + "\n")
         sources: dict[str, Any] = {name: {"enabled": False} for name in SOURCES}
         sources["gpu"] = {"interval": "500ms", "library": str(ensure_built())}
         agent = self.root / "agent.yaml"
         agent.write_text(
             yaml.safe_dump(
                 {
-                    "node": NODE,
+                    "node": self.name,
                     "sources": sources,
                     "capping": {
                         "enabled": True,
@@ -599,3 +601,94 @@ def test_capping_is_off_by_default_and_refused_half_configured(tmp_path: Path):
     assert "capping.decider_url: Value error, 'decider:9860' is not an http:// or https:// URL" in (
         result.stderr
     )
+
+
+# --- with the real decider (decider/api/capping.py, tests/decider_harness.py) -------------------
+
+#: tests/test_capping_api.py's site with leases of 6 s: a rack of two 10 kW feeds x 0.9
+#: derating (a 9 kW budget), four nodes of 4 GPUs at 700 W (11.2 kW at their limits:
+#: oversubscribed), n1 and n2 running batch replicas, n3 and n4 interactive ones. The
+#: exporter under test is n1's, on two fake GPUs: a lease's limit is per GPU.
+DECIDER_FACILITY: dict[str, Any] = {
+    "mode": "observe",
+    "defaults": {"margin": 0.0, "derating": 0.9},
+    "node_share_watts": 0,
+    "classes": ["batch", "interactive"],
+    "models": {"small": {"class": "batch"}, "large": {"class": "interactive"}},
+    "oversubscription": {
+        "ladder": {"first_threshold": 0.90, "second_threshold": 0.97, "hold": "60s"},
+        "lease": "6s",
+    },
+    "domains": {
+        "rack/r1": {
+            "feeds": [
+                {"pdu": "r1-a", "rating_watts": 10000},
+                {"pdu": "r1-b", "rating_watts": 10000},
+            ],
+            "oversubscribe": True,
+        },
+    },
+}
+RACK_NODES = ("n1", "n2", "n3", "n4")
+
+
+def test_the_real_deciders_lease_caps_the_node_and_its_loss_the_safe_cap(tmp_path: Path):
+    from tests.decider_harness import Decider, FakePrometheus, Readings, poll
+
+    rack = ["rack/r1", "pdu/r1-a", "pdu/r1-b"]
+    fake = FakePrometheus(
+        Readings(
+            membership=dict.fromkeys(RACK_NODES, rack),
+            inventory=["rack/r1", "pdu/r1-a", "pdu/r1-b"],
+            conditions={"rack/r1": "ok"},
+            measured={"rack/r1": 6000.0, "pdu/r1-a": 3000.0, "pdu/r1-b": 3000.0},
+            gpus=dict.fromkeys(RACK_NODES, 4),
+            limits=dict.fromkeys(RACK_NODES, 700.0),
+        )
+    )
+    decider = Decider(tmp_path / "decider", fake.url, DECIDER_FACILITY)
+    try:
+        decider.start(wait_ready=True)
+        for rid, node, model in (
+            ("b1", "n1", "small"),
+            ("b2", "n2", "small"),
+            ("i1", "n3", "large"),
+            ("i2", "n4", "large"),
+        ):
+            replica = {"model": model, "profile": "p", "gpus": 4, "power_watts": 2800}
+            assert decider.reserve(rid, node, replica).status_code == 201
+
+        def lease_of_n1() -> dict[str, Any] | None:
+            answer = decider.get("/v1/capping/leases/n1", headers=decider.headers())
+            return answer.json() if answer.status_code == 200 else None
+
+        first = poll(lease_of_n1, "n1's first lease")
+        assert first["gpu_limit_watts"] is None  # step 0: no cap
+        node = Node(tmp_path / "n1", decider.url, name="n1", token=decider.token or "")
+        node.root.mkdir()
+        with exporter(node) as running:
+            metrics = wait_for(running, lambda m: state_of(m) == "leased", "n1's lease")
+            assert gpu_watts(metrics, "llmgw_gpu_power_cap_watts") == [None, None]
+            assert gpu_watts(metrics, "llmgw_gpu_power_limit_watts") == [700.0, 700.0]
+            assert (
+                value(metrics, "llmgw_capping_safe_gpu_limit_watts")
+                == first["safe_gpu_limit_watts"]
+            )
+            # Past the first threshold (8.1 kW of 9): the ladder caps the batch class.
+            fake.readings.measured = {"rack/r1": 8300.0, "pdu/r1-a": 4150.0, "pdu/r1-b": 4150.0}
+            capped = poll(
+                lambda: (lease := lease_of_n1()) and lease["gpu_limit_watts"] and lease,
+                "the batch class capped",
+            )
+            cap = capped["gpu_limit_watts"]
+            assert 200.0 <= cap < 650.0, capped  # within the cards' range, under their draw
+            metrics = wait_for(running, leased_at(cap), f"n1's GPUs at {cap:g} W")
+            assert gpu_watts(metrics, "llmgw_gpu_power_watts") == [cap, cap]  # the fake's draw
+            assert f"power limit 700 W -> {cap:g} W: lease until" in running.log_text()
+            # The decider gone: the lease runs out, the node falls to the safe cap.
+            decider.stop()
+            safe = capped["safe_gpu_limit_watts"]
+            wait_for(running, safe_at(safe), f"the safe cap {safe:g} W", watch=never_uncapped)
+    finally:
+        decider.close()
+        fake.close()
