@@ -105,7 +105,7 @@ def test_the_ladder_is_what_keeps_the_heavy_day_within_its_ratings(
 
 
 def test_the_plots_are_written_as_png(heavy: dict[str, WeekResult], tmp_path: Path) -> None:
-    written = write_plots(heavy["today"], heavy["ladder"], tmp_path / "img")
+    written = write_plots({"today": heavy["today"], "over": heavy["ladder"]}, tmp_path / "img")
     assert [path.name for path in written] == [POWER_PLOT, DISTRIBUTION_PLOT]
     for path in written:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -58,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{elapsed:.0f} s of wall time"
     )
     if args.out is not None:
-        today, over = results["today"], results["oversubscription + ladder"]
-        for path in write_plots(today, over, args.out):
+        for path in write_plots(results, args.out):
             print(f"wrote {path}")
     return 0
 

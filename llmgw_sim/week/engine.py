@@ -43,6 +43,7 @@ scaled so that its busiest minutes of the trace at the day's peak fill its capac
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -663,11 +664,33 @@ class Week:
         )
 
 
-#: The variants `run_policies` runs besides today's and the decider's rule, by name: a
-#: sensitivity of the admission rule (docs/oversubscription-week.md).
-VARIANTS: dict[str, dict[str, object]] = {
-    "oversubscription, capped guard": {"capped_guard": True},
-    "oversubscription, admit to the first threshold": {"admit_share": None},
+def _first_threshold(config: WeekConfig) -> float:
+    return config.site.facility(True).oversubscription.ladder.first_threshold
+
+
+def _thresholds(config: WeekConfig, first: float, second: float) -> WeekConfig:
+    settings = dict(config.site.oversubscription)
+    settings["ladder"] = {
+        **settings.get("ladder", {}),
+        "first_threshold": first,
+        "second_threshold": second,
+    }
+    return replace(config, site=replace(config.site, oversubscription=settings), admit_share=first)
+
+
+#: The names of the columns `run_policies` returns.
+TODAY = "today"
+DECIDER = "oversubscription (the decider's rule)"
+#: Variants of the admission rule and the ladder's settings besides the decider's as it
+#: is, each a change of the run's configuration (docs/oversubscription-week.md).
+VARIANTS: dict[str, Callable[[WeekConfig], WeekConfig]] = {
+    "+ capped guard": lambda config: replace(config, capped_guard=True),
+    "admitting to the first threshold": lambda config: replace(
+        config, admit_share=_first_threshold(config)
+    ),
+    "admitting to the first threshold, thresholds 0.95/0.99": lambda config: _thresholds(
+        config, 0.95, 0.99
+    ),
 }
 
 
@@ -677,14 +700,10 @@ def run_policies(
     """Today's policy and oversubscription (helper A's rule, the ladder as configured) on
     the same site and the same traffic; with `variants`, the VARIANTS too."""
     results = {
-        "today": Week(config, traces, "today").run(),
-        "oversubscription + ladder": Week(config, traces, "oversubscribe").run(),
+        TODAY: Week(config, traces, "today").run(),
+        DECIDER: Week(config, traces, "oversubscribe").run(),
     }
     if variants:
-        for name, changes in VARIANTS.items():
-            if changes.get("admit_share", 0.0) is None:
-                first = config.site.facility(True).oversubscription.ladder.first_threshold
-                changes = {**changes, "admit_share": first}
-            variant = replace(config, **changes)  # type: ignore[arg-type]
-            results[name] = Week(variant, traces, "oversubscribe").run()
+        for name, change in VARIANTS.items():
+            results[name] = Week(change(config), traces, "oversubscribe").run()
     return results

@@ -17,6 +17,12 @@ from llmgw_sim.week.engine import STEP_S, WeekResult
 
 POWER_PLOT = "oversubscription-week-power.png"
 DISTRIBUTION_PLOT = "oversubscription-week-distribution.png"
+#: The variants whose power is plotted too, and their files.
+PLOTTED_VARIANTS = {
+    "admitting to the first threshold, thresholds 0.95/0.99": (
+        "oversubscription-week-power-thresholds-0.95.png"
+    ),
+}
 #: PNG files carry no date or version here, so that one seed writes the same bytes.
 _PNG_METADATA = {"Software": None}
 
@@ -176,18 +182,22 @@ def representative(over: WeekResult) -> list[int]:
     return chosen
 
 
-def plot_power(today: WeekResult, over: WeekResult, path: Path) -> None:
-    """Each chosen domain's power (each minute's highest reading) over the run, both
-    policies, against its rating, rating x derating, budget and the ladder's first
-    threshold."""
+def _first_threshold(result: WeekResult) -> float:
+    return result.config.site.facility(True).oversubscription.ladder.first_threshold
+
+
+def plot_power(today: WeekResult, over: WeekResult, over_name: str, path: Path) -> None:
+    """Each chosen domain's power (each minute's highest reading) over the run, today and
+    one oversubscribed policy, against its rating, rating x derating, budget and the
+    ladder's first threshold."""
     chosen = representative(over)
-    threshold = over.config.site.oversubscription.get("ladder", {}).get("first_threshold", 0.9)
+    threshold = _first_threshold(over)
     fig, axes = plt.subplots(len(chosen), 1, figsize=(12, 3.2 * len(chosen)), sharex=True)
     for ax, index in zip(np.atleast_1d(axes), chosen, strict=True):
         domain = over.domains[index]
         for result, colour, name in (
             (today, "tab:blue", "today"),
-            (over, "tab:orange", "oversubscription + ladder"),
+            (over, "tab:orange", over_name),
         ):
             kw = _per_minute_max(result.history[:, index]) / 1000
             hours = np.arange(len(kw)) / 60
@@ -211,25 +221,26 @@ def plot_power(today: WeekResult, over: WeekResult, path: Path) -> None:
     plt.close(fig)
 
 
-def plot_distribution(today: WeekResult, over: WeekResult, path: Path) -> None:
+_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
+
+
+def plot_distribution(results: dict[str, WeekResult], path: Path) -> None:
     """The distribution of every rack's and every row's power as a share of its budget,
-    every 5-s step, both policies."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=False)
+    every 5-s step, each policy."""
+    first = next(iter(results.values()))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=False)
     for ax, kind in zip(axes, ("rack", "row"), strict=True):
-        columns = [i for i, d in enumerate(over.domains) if d.kind == kind]
+        columns = [i for i, d in enumerate(first.domains) if d.kind == kind]
         if not columns:
             ax.set_visible(False)
             continue
-        budget = np.array([over.domains[i].budget_watts for i in columns])
-        rating = over.domains[columns[0]].rating_watts / budget[0]
-        cap = over.domains[columns[0]].cap_watts / budget[0]
+        budget = np.array([first.domains[i].budget_watts for i in columns])
+        rating = first.domains[columns[0]].rating_watts / budget[0]
+        cap = first.domains[columns[0]].cap_watts / budget[0]
         bins = np.linspace(0, max(rating * 1.02, 1.2), 120)
-        for result, colour, name in (
-            (today, "tab:blue", "today"),
-            (over, "tab:orange", "oversubscription + ladder"),
-        ):
+        for (name, result), colour in zip(results.items(), _COLOURS, strict=False):
             shares = (result.history[:, columns] / budget).ravel()
-            ax.hist(shares, bins=bins, color=colour, alpha=0.55, density=True, label=name)
+            ax.hist(shares, bins=bins, color=colour, histtype="step", density=True, label=name)
         for value, style, name in (
             (1.0, "m-.", "budget"),
             (cap, "r--", "rating x derating"),
@@ -240,15 +251,34 @@ def plot_distribution(today: WeekResult, over: WeekResult, path: Path) -> None:
         ax.set_xlabel("power / budget")
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110, metadata=_PNG_METADATA)
     plt.close(fig)
 
 
-def write_plots(today: WeekResult, over: WeekResult, directory: Path) -> list[Path]:
+def write_plots(results: dict[str, WeekResult], directory: Path) -> list[Path]:
+    """The power of representative domains, today against each oversubscribed policy
+    (the first file: the decider's rule; then one per variant), and the distribution of
+    every domain's power under all of them."""
     directory.mkdir(parents=True, exist_ok=True)
-    power, distribution = directory / POWER_PLOT, directory / DISTRIBUTION_PLOT
-    plot_power(today, over, power)
-    plot_distribution(today, over, distribution)
-    return [power, distribution]
+    names = list(results)
+    today = results[names[0]]
+    written: list[Path] = []
+    for number, name in enumerate(names[1:]):
+        if number and name not in PLOTTED_VARIANTS:
+            continue
+        path = directory / (POWER_PLOT if not number else PLOTTED_VARIANTS[name])
+        plot_power(today, results[name], name, path)
+        written.append(path)
+    distribution = directory / DISTRIBUTION_PLOT
+    plot_distribution(
+        {
+            name: results[name]
+            for name in names
+            if name == names[0] or name == names[1] or name in PLOTTED_VARIANTS
+        },
+        distribution,
+    )
+    written.append(distribution)
+    return written
