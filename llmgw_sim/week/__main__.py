@@ -13,7 +13,7 @@ from pathlib import Path
 
 from llmgw_sim.week import data
 from llmgw_sim.week.engine import WeekConfig, run_policies
-from llmgw_sim.week.report import table, write_plots
+from llmgw_sim.week.report import PlotError, table, write_plots
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,7 +58,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{elapsed:.0f} s of wall time"
     )
     if args.out is not None:
-        for path in write_plots(results, args.out):
+        try:
+            written = write_plots(results, args.out)
+        except (PlotError, OSError) as error:
+            print(f"llmgw_sim.week: {error}", file=sys.stderr)
+            return 2
+        for path in written:
             print(f"wrote {path}")
     return 0
 

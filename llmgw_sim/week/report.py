@@ -4,16 +4,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display: files only
-
-import matplotlib.pyplot as plt
 import numpy as np
 
 from llmgw_sim.week.data import CLASSES, MODELS
 from llmgw_sim.week.engine import STEP_S, WeekResult
+
+
+class PlotError(RuntimeError):
+    """The plots cannot be drawn here (matplotlib missing)."""
+
+
+def _pyplot() -> ModuleType:
+    """matplotlib's pyplot on the Agg backend (files only, no display). matplotlib is in
+    the project's `test` extra: the table needs none of it, only the plots do."""
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise PlotError(
+            "the plots need matplotlib: pip install 'llmgw-facility[test]' (or run without --out)"
+        ) from error
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
 
 POWER_PLOT = "oversubscription-week-power.png"
 DISTRIBUTION_PLOT = "oversubscription-week-distribution.png"
@@ -190,6 +206,7 @@ def plot_power(today: WeekResult, over: WeekResult, over_name: str, path: Path) 
     """Each chosen domain's power (each minute's highest reading) over the run, today and
     one oversubscribed policy, against its rating, rating x derating, budget and the
     ladder's first threshold."""
+    plt = _pyplot()
     chosen = representative(over)
     threshold = _first_threshold(over)
     fig, axes = plt.subplots(len(chosen), 1, figsize=(12, 3.2 * len(chosen)), sharex=True)
@@ -227,6 +244,7 @@ _COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
 def plot_distribution(results: dict[str, WeekResult], path: Path) -> None:
     """The distribution of every rack's and every row's power as a share of its budget,
     every 5-s step, each policy."""
+    plt = _pyplot()
     first = next(iter(results.values()))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=False)
     for ax, kind in zip(axes, ("rack", "row"), strict=True):
