@@ -32,6 +32,7 @@ Usage (from the repository root):
 
     .venv/bin/python benchmarks/rules_eval.py                       # 100 and 1,000 nodes
     .venv/bin/python benchmarks/rules_eval.py --nodes 100,1000 --check
+    .venv/bin/python benchmarks/rules_eval.py --before HEAD:rules/domain.yml   # A/B, one run
 
 It prints a table, writes benchmarks/results/rules_eval.json, and with
 `--check` exits 1 when a target (docs/benchmarks.md) is missed.
@@ -1002,17 +1003,46 @@ def input_names(rules: list[dict[str, Any]]) -> dict[str, list[str]]:
     return {group: sorted(names) for group, names in out.items()}
 
 
+def input_reads(rules: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per group: how many selectors of each input name its expressions hold, every one a
+    pass over that name's series (PromQL selects each selector on its own, even the same
+    one twice): the group's reads against its floor's one per input."""
+    known = {*FAMILIES, TOKENS} | {rule["record"] for rule in rules if "record" in rule}
+    out: dict[str, dict[str, int]] = {}
+    for rule in rules:
+        reads = out.setdefault(rule["group"], {})
+        for name in _NAME.findall(_uncommented(rule["expr"])):
+            if name in known:
+                reads[name] = reads.get(name, 0) + 1
+    return out
+
+
+#: Runs of each floor query: the floor is the least of them (below).
+FLOOR_RUNS = 5
+
+
 def selection_costs(url: str, names: set[str] | list[str]) -> dict[str, dict[str, Any]]:
     """What selecting each series name once costs, alone: `count(<name>)` as an instant
-    query (median of three) and how many series it has. Summed over what a group reads,
-    its floor: what any rule set reading those inputs once per evaluation pays."""
+    query and how many series it has. Summed over what a group reads, its floor: what any
+    rule set reading those inputs once per evaluation pays.
+
+    Each name is queried once per round, FLOOR_RUNS rounds, and its cost is the least of
+    its runs: other work on the machine only ever adds to a query's time, and one busy
+    moment under a median of three doubled whole floors between two runs of the same files
+    (which halved their groups' ratios). The median is kept beside it."""
+    ordered = sorted(names)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in ordered}
+    for _ in range(FLOOR_RUNS):
+        for name in ordered:
+            runs[name].append(api(url, "/api/v1/query", query=f"count({name})", stats="all"))
     out = {}
-    for name in sorted(names):
-        runs = [api(url, "/api/v1/query", query=f"count({name})", stats="all") for _ in range(3)]
-        result = runs[0]["result"]
+    for name in ordered:
+        times = [r["stats"]["timings"]["evalTotalTime"] * 1e3 for r in runs[name]]
+        result = runs[name][0]["result"]
         out[name] = {
             "series": int(float(result[0]["value"][1])) if result else 0,
-            "count_query_ms": median(r["stats"]["timings"]["evalTotalTime"] for r in runs) * 1e3,
+            "count_query_ms": min(times),
+            "count_query_median_ms": median(times),
         }
     return out
 
@@ -1034,6 +1064,7 @@ def group_floors(
     groups: dict[str, Any],
     inputs: dict[str, list[str]],
     costs: dict[str, dict[str, Any]],
+    reads: dict[str, dict[str, int]] | None = None,
 ) -> None:
     """Each group's floor (the sum of its inputs' selection costs) and its cost against it,
     in place: `ratio` gross, `net_ratio` less the fixed cost of the group and its rules
@@ -1050,6 +1081,8 @@ def group_floors(
         group["floor"] = {
             "inputs": names,
             "input_series": sum(costs[n]["series"] for n in names if n in costs),
+            # selectors in the group's expressions, against the floor's one per input
+            "selector_reads": sum((reads or {}).get(name, {}).values()),
             "floor_ms": floor,
             "fixed_ms": fixed,
             "ratio": duration / floor if floor > 0 else None,
@@ -1260,7 +1293,7 @@ def run_size(
                 for rule in (rule_evals[0] if rule_evals else [])
             ],
         }
-    group_floors(groups, inputs, costs)
+    group_floors(groups, inputs, costs, input_reads(rules))
     return {
         "nodes": nodes,
         "gpus": nodes * GPUS_PER_NODE,
@@ -1520,7 +1553,9 @@ def table(result: dict[str, Any]) -> str:
             cells.append(
                 f"{floor.get('floor_ms', 0):.1f} ({ratio:.2f}x)" if ratio is not None else "-"
             )
-        row(f"{name}: floor ms (cost net / floor)", cells)
+        floor = sizes[-1]["groups"][name]["floor"]
+        reads = f", {floor['selector_reads']} selectors" if floor.get("selector_reads") else ""
+        row(f"{name}: floor ms (cost net / floor; {len(floor['inputs'])} inputs{reads})", cells)
     t = [s["totals"] for s in sizes]
     row(
         "all project groups, sum of medians (ms)",
@@ -1688,9 +1723,53 @@ class RuleSnapshot:
         return {name: hashlib.sha256(c).hexdigest()[:16] for name, c in self.contents.items()}
 
 
+def before_copies(rev: str, files: list[Path], repo: Path = REPO) -> dict[str, bytes]:
+    """The rule files of `files` that differ at git revision `rev`, as they were there, to
+    run beside the current ones in the same Prometheus (an A/B in one run, under the same
+    load): each group renamed `<name> (before <rev>)` and every series the file records
+    renamed `before:<name>` wherever the file names it, so that the two versions write
+    apart. The series they read from other files are the current ones'."""
+    out = {}
+    for path in files:
+        relative = str(path.relative_to(repo))
+        shown = subprocess.run(
+            ["git", "show", f"{rev}:{relative}"], capture_output=True, cwd=repo, check=False
+        )
+        if shown.returncode != 0:
+            raise SystemExit(f"--before {rev}: {relative}: {shown.stderr.decode().strip()}")
+        if shown.stdout == path.read_bytes():
+            continue
+        document = yaml.safe_load(shown.stdout) or {}
+        groups = document.get("groups") or []
+        recorded = {
+            rule["record"] for g in groups for rule in g.get("rules") or [] if "record" in rule
+        }
+        pattern = re.compile(
+            r"(?<![a-zA-Z0-9_:])("
+            + "|".join(re.escape(name) for name in sorted(recorded, key=len, reverse=True))
+            + r")(?![a-zA-Z0-9_:])"
+        )
+        for group in groups:
+            group["name"] = f"{group['name']} (before {rev})"
+            for rule in group.get("rules") or []:
+                if recorded:
+                    rule["expr"] = pattern.sub(r"before:\1", rule["expr"])
+                if "record" in rule:
+                    rule["record"] = f"before:{rule['record']}"
+        out[f"before-{rev}/{relative}"] = yaml.safe_dump(document, sort_keys=False).encode()
+    return out
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     snapshot = RuleSnapshot.take(RULE_FILES)
+    if args.before:
+        rev, _, only = args.before.partition(":")
+        chosen = [REPO / name for name in only.split(",")] if only else RULE_FILES
+        unknown = [str(path.relative_to(REPO)) for path in chosen if path not in RULE_FILES]
+        if unknown:
+            raise SystemExit(f"--before: not rule files of the run: {', '.join(unknown)}")
+        snapshot.contents.update(before_copies(rev, chosen))
     sizes = []
     try:
         for nodes in args.nodes:
@@ -1718,6 +1797,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "evaluations": args.evaluations,
             "poll_s": args.poll,
             "energy_fleet": args.energy,
+            "before": args.before,
             "scrape_interval_s": SCRAPE_INTERVAL_S,
             "evaluation_interval_s": EVALUATION_INTERVAL_S,
             "rule_files_sha256": snapshot.sha256(),
@@ -1751,6 +1831,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--poll", type=float, default=5.0, help="seconds between reads (default 5)")
     parser.add_argument("--output", type=Path, default=RESULTS, help=f"JSON (default {RESULTS})")
     parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
+    parser.add_argument(
+        "--before",
+        metavar="REV[:FILE,...]",
+        help="also load the rule files that differ at git revision REV (or only those FILEs,"
+        " e.g. HEAD:rules/domain.yml), renamed apart, in the same Prometheus: before and after"
+        " measured in one run, under the same load",
+    )
     parser.add_argument(
         "--no-energy",
         dest="energy",

@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+import yaml
 
 from tests.benchmark_module import benchmark_module
 
@@ -63,6 +64,14 @@ def test_series_follow_the_metrics_contract(bench):
         "llmgw_exporter_energy_resets_total",
         # The CPU model: no rule reads it (the decider queries it itself, for CPU profiles).
         "llmgw_node_cpu_info",
+        # The capping agent's (opt-in per node, docs/exporter.md): no rule reads them.
+        "llmgw_gpu_power_cap_watts",
+        "llmgw_capping_agent_state",
+        "llmgw_capping_agent_up",
+        "llmgw_capping_agent_failing",
+        "llmgw_capping_lease_expiry_timestamp_seconds",
+        "llmgw_capping_safe_gpu_limit_watts",
+        "llmgw_capping_last_renewal_timestamp_seconds",
     }
     assert set(seen) == set(METRICS) - not_simulated
     body = bench.exposition(node, 1.8e9, random.Random(1), 0.0)
@@ -188,6 +197,45 @@ def test_input_names_are_the_series_a_group_reads(bench):
         "a": ["llmgw_node_gpus"],
         "b": ["llmgw_exporter_source_up", "x:node:y"],
     }
+    rules[0]["expr"] += " or min by (node) (llmgw_node_gpus)"  # the same input, read twice
+    assert bench.input_reads(rules) == {
+        "a": {"llmgw_node_gpus": 2},
+        "b": {"x:node:y": 1, "llmgw_exporter_source_up": 1},
+    }
+
+
+def test_before_copies_run_an_older_version_apart(bench, tmp_path):
+    def git(*argv: str) -> None:
+        subprocess.run(["git", *argv], cwd=tmp_path, check=True, capture_output=True)
+
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    old = {
+        "groups": [
+            {
+                "name": "g",
+                "rules": [
+                    {"record": "a:x:y", "expr": "sum(llmgw_node_gpus)"},
+                    {"record": "a:x:y2", "expr": "a:x:y * 2 + on () a:x:y_other"},
+                ],
+            }
+        ]
+    }
+    (rules / "a.yml").write_text(yaml.safe_dump(old))
+    (rules / "same.yml").write_text("groups: []\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "old")
+    (rules / "a.yml").write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": []}]}))
+    copies = bench.before_copies("HEAD", [rules / "a.yml", rules / "same.yml"], tmp_path)
+    assert list(copies) == ["before-HEAD/rules/a.yml"]  # an unchanged file is not run twice
+    group = yaml.safe_load(copies["before-HEAD/rules/a.yml"])["groups"][0]
+    assert group["name"] == "g (before HEAD)"
+    assert [r["record"] for r in group["rules"]] == ["before:a:x:y", "before:a:x:y2"]
+    # its own series renamed where it reads them; another file's (a:x:y_other) left as is
+    assert group["rules"][1]["expr"] == "before:a:x:y * 2 + on () a:x:y_other"
+    with pytest.raises(SystemExit, match="no-such-rev"):
+        bench.before_copies("no-such-rev", [rules / "a.yml"], tmp_path)
 
 
 def _group(median_ms: float, rules: int) -> dict:
