@@ -567,10 +567,13 @@ class Ladder(_Model):
     the domain's budget: past `first_threshold` the lowest class is capped, past
     `second_threshold` every class; a step is released after power has stayed below
     (threshold − `release_margin`) × budget for `hold`. `floor_gpu_watts`: no GPU is capped
-    below it (None: the card's minimum alone)."""
+    below it (None: the card's minimum alone). Admission on the predicted basis fills a
+    domain to `first_threshold` of its limit, not to the limit (decider.placement.
+    predicted_peak); 0.95/0.99 are the thresholds the simulated week supports
+    (docs/oversubscription-week.md: at 0.90/0.97 the band under the limit was capped away)."""
 
-    first_threshold: float = Field(0.90, gt=0, le=1)
-    second_threshold: float = Field(0.97, gt=0, le=1)
+    first_threshold: float = Field(0.95, gt=0, le=1)
+    second_threshold: float = Field(0.99, gt=0, le=1)
     release_margin: float = Field(0.05, ge=0, lt=1)
     hold: Duration = 600.0
     floor_gpu_watts: float | None = Field(None, gt=0, le=5000)

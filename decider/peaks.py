@@ -10,6 +10,13 @@ told apart by a `figure` label (decider.prometheus_parse reads them):
   for each domain, docs/rules.md);
 - `history_seconds` {kind, domain}: how much of the window holds measurements, since the
   first sample in it, to the subquery's step (a 2,016th of the window: 5 min of 7 days);
+- `capped_share` {kind, domain}: the share of the window's samples (the same subquery's
+  steps) at which the domain's capping ladder was at step 1 or 2, from the decider's own
+  `llmgw_decider_capping_step` (decider.capping.collector: the decider must be scraped);
+  samples where no decider reported the domain count for nothing either way, and a domain
+  with none in the window has no figure (admission then errs towards capped: the capped
+  guard of decider.placement.predicted_peak). Prometheus keeps it across the decider's
+  restarts, which an in-memory record would not;
 - `unit_peak_watts` {model, profile}: one replica's peak, the largest of its units' power
   at the same percentile over the window (llmgw:unit_power_watts, rules/energy.yml).
 
@@ -26,6 +33,7 @@ from decider.promql import format_duration
 #: The history subquery's steps over the window: 5 min steps over 7 days.
 HISTORY_STEPS = 2016
 DOMAIN_SERIES = "llmgw_domain_measured_watts"
+STEP_SERIES = "llmgw_decider_capping_step"
 UNIT_SERIES = "llmgw:unit_power_watts"
 
 
@@ -51,7 +59,8 @@ def query(facility: Facility) -> str | None:
     for kind, names in domains.items():
         # Names are letters, digits and . _ : - (decider.names): only `.` means more in RE2.
         alternation = "|".join(name.replace(".", "\\\\.") for name in names)
-        selector = f'{DOMAIN_SERIES}{{kind="{kind}",domain=~"{alternation}"}}'
+        matchers = f'{{kind="{kind}",domain=~"{alternation}"}}'
+        selector = f"{DOMAIN_SERIES}{matchers}"
         figures.append(
             _labelled(
                 "peak_watts",
@@ -63,6 +72,13 @@ def query(facility: Facility) -> str | None:
                 "history_seconds",
                 f"time() - min by (kind, domain) (min_over_time(timestamp({selector})"
                 f"[{window}:{step}]))",
+            )
+        )
+        figures.append(
+            _labelled(
+                "capped_share",
+                f"avg_over_time((max by (kind, domain) ({STEP_SERIES}{matchers}) > bool 0)"
+                f"[{window}:{step}])",
             )
         )
     figures.append(

@@ -393,7 +393,7 @@ class PeaksRead:
 
 
 #: The figures of the peaks part, by its `figure` label: of a domain, or of a model profile.
-PEAK_DOMAIN_FIGURES = ("peak_watts", "history_seconds")
+PEAK_DOMAIN_FIGURES = ("peak_watts", "history_seconds", "capped_share")
 PEAK_UNIT_FIGURE = "unit_peak_watts"
 
 

@@ -119,6 +119,9 @@ class DomainPeak:
 
     peak_watts: float | None = None
     history_seconds: float | None = None
+    #: The share of the window's samples at which the domain's capping ladder was at step 1
+    #: or 2 (llmgw_decider_capping_step; decider.placement.predicted_peak's capped guard).
+    capped_share: float | None = None
 
 
 #: The figures of Evidence, as the evidence query's `figure` label names them.

@@ -61,8 +61,8 @@ def test_off_by_default_with_the_documented_settings(tmp_path):
         60.0,
     )
     assert settings.ladder == Ladder(
-        first_threshold=0.90,
-        second_threshold=0.97,
+        first_threshold=0.95,
+        second_threshold=0.99,
         release_margin=0.05,
         hold=600.0,
         floor_gpu_watts=None,

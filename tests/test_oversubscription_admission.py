@@ -34,9 +34,14 @@ from hypothesis import strategies as st
 
 from decider import peaks
 from decider.capping.ladder import safe_gpu_limit
-from decider.facility import MIN_LIMIT_FRACTION, DomainRef, Facility
+from decider.facility import MIN_LIMIT_FRACTION, DomainRef, Facility, Oversubscription
 from decider.models import Replica
-from decider.placement.predicted_peak import NewReplica, predicted_peak_fits
+from decider.placement.predicted_peak import (
+    NewReplica,
+    ReservedFigures,
+    predicted_peak_fits,
+    prediction,
+)
 from decider.snapshot import DomainPeak, Part
 from tests.decider_harness import Decider, FakePrometheus, Readings, poll, running
 from tests.placement_helpers import NOW, Site, make_facility, make_snapshot
@@ -72,11 +77,11 @@ def readings() -> Readings:
         gpus=dict.fromkeys(nodes, 8),
         limits=dict.fromkeys(nodes, 700.0),
         peaks={
-            "rack/over": {"peak_watts": 4_000.0, "history_seconds": 3_600.0},
-            "rack/young": {"peak_watts": 4_000.0, "history_seconds": 0.5},
-            "rack/tight": {"peak_watts": 1_000.0, "history_seconds": 3_600.0},
+            "rack/over": {"peak_watts": 4_000.0, "history_seconds": 3_600.0, "capped_share": 0},
+            "rack/young": {"peak_watts": 4_000.0, "history_seconds": 0.5, "capped_share": 0},
+            "rack/tight": {"peak_watts": 1_000.0, "history_seconds": 3_600.0, "capped_share": 0},
         },
-        unit_peaks={("m", "tp1"): 400.0, ("m8", "tp8"): 1_000.0},
+        unit_peaks={("m", "tp1"): 300.0, ("m8", "tp8"): 1_000.0},
     )
 
 
@@ -137,6 +142,8 @@ def test_today_refuses_where_the_opted_in_domain_admits_on_its_p99(site: Decider
         "unseen_reservations": 0,
         "unseen_watts": 0,
         "predicted_watts": 4_000,
+        "admit_to_watts": 8_550,  # the ladder's first threshold, 0.95 of the 9 kW limit
+        "capped_share": 0,
         "reserved_gpus": 12,
         # (9,000 W - 12 x 43.75 W of node share) / 12 GPUs
         "safe_gpu_limit_watts": 706,
@@ -185,8 +192,9 @@ def test_a_burst_of_reservations_counts_each_at_its_peak_not_on_the_old_p99(
     site: Decider,
 ) -> None:
     # Each new reservation is not yet in the measurements: it counts on top at its peak,
-    # 400 W (measured p99 of m/tp1). 4.0 kW + 12 x 0.4 = 8.8 kW; a 13th is past 9.0 kW.
-    # On the old p99 alone every one would pass (4.0 + 0.4 kW).
+    # 300 W (measured p99 of m/tp1). 4.0 kW + 15 x 0.3 = 8.5 kW; a 16th is past 8.55 kW,
+    # the ladder's first threshold (0.95) of the 9.0 kW limit. On the old p99 alone every
+    # one would pass (4.0 + 0.3 kW).
     made: list[str] = []
     try:
         answer = None
@@ -197,14 +205,15 @@ def test_a_burst_of_reservations_counts_each_at_its_peak_not_on_the_old_p99(
                 break
             made.append(rid)
         assert answer is not None and answer.status_code == 409, answer and answer.text
-        assert len(made) == 12
+        assert len(made) == 15
         assert answer.json()["reasons"] == [
-            "rack over: predicted peak 8.8 kW (p99 over 1.0 h of history 4.0 kW + 12 "
-            "reservation(s) not yet measured 4.8 kW) + replica's peak ~0.4 kW (measured p99 "
-            "of m/tp1) = 9.2 kW, past its limit 9.0 kW (cap 10.0, margin 10%)"
+            "rack over: predicted peak 8.5 kW (p99 over 1.0 h of history 4.0 kW + 15 "
+            "reservation(s) not yet measured 4.5 kW) + replica's peak ~0.3 kW (measured p99 "
+            "of m/tp1) = 8.8 kW, past the ladder's first threshold 0.95 of its limit 9.0 kW "
+            "(cap 10.0, margin 10%)"
         ]
         admission = site.domain("rack/over")["admission"]
-        assert (admission["unseen_reservations"], admission["predicted_watts"]) == (12, 8_800)
+        assert (admission["unseen_reservations"], admission["predicted_watts"]) == (15, 8_500)
     finally:
         for rid in made:
             site.delete(f"/v1/reservations/{rid}")
@@ -228,10 +237,10 @@ def test_the_safe_cap_bound_refuses_what_the_ladder_could_not_bring_back(site: D
         assert refused.status_code == 409, refused.text
         (reason,) = refused.json()["reasons"]
         assert reason == (
-            "rack tight: predicted peak 8.0 kW with the replica fits its limit 9.0 kW (cap "
-            "10.0, margin 10%), but the capping ladder could not bring it back at the "
-            "estimates: (9.0 kW budget - 1.8 kW besides GPUs) / 40 GPUs = 181 W, below the "
-            "card minimum 210 W"
+            "rack tight: predicted peak 8.0 kW with the replica fits the ladder's first "
+            "threshold 0.95 of its limit 9.0 kW (cap 10.0, margin 10%), but the capping ladder "
+            "could not bring it back at the estimates: (9.0 kW budget - 1.8 kW besides GPUs) "
+            "/ 40 GPUs = 181 W, below the card minimum 210 W"
         ), reason
     finally:
         for rid in made:
@@ -255,6 +264,7 @@ replicas = st.builds(
     measured=st.floats(0, 200_000),
     card_limit=st.floats(100, 1_000),
     floor=st.none() | st.floats(50, 900),
+    first=st.floats(0.5, 1.0),
     arrivals=st.lists(replicas, min_size=1, max_size=40),
 )
 def test_an_admission_never_leaves_the_safe_limit_below_the_card_minimum(
@@ -263,6 +273,7 @@ def test_an_admission_never_leaves_the_safe_limit_below_the_card_minimum(
     measured: float,
     card_limit: float,
     floor: float | None,
+    first: float,
     arrivals: list[NewReplica],
 ) -> None:
     """Replicas arrive one by one and each admitted one counts from then on, as a reservation
@@ -271,7 +282,9 @@ def test_an_admission_never_leaves_the_safe_limit_below_the_card_minimum(
     minimum = max(MIN_LIMIT_FRACTION * card_limit, floor or 0.0)
     gpus, non_gpu, unseen = 0, 0.0, 0.0
     for replica in arrivals:
-        fit = predicted_peak_fits(limit, other, measured, unseen, gpus, non_gpu, minimum, replica)
+        fit = predicted_peak_fits(
+            limit, other, measured, unseen, gpus, non_gpu, minimum, replica, first_threshold=first
+        )
         if fit.refused is not None:
             continue
         gpus, non_gpu, unseen = (
@@ -279,7 +292,7 @@ def test_an_admission_never_leaves_the_safe_limit_below_the_card_minimum(
             non_gpu + replica.non_gpu_watts,
             unseen + replica.peak_watts,
         )
-        assert measured + unseen + other <= limit + 1e-6
+        assert measured + unseen + other <= first * limit + 1e-6
         if gpus:
             safe, why = safe_gpu_limit(limit, other + non_gpu, gpus, minimum)
             assert safe is not None and safe >= minimum, why
@@ -331,7 +344,7 @@ def test_through_the_decider_no_admission_leaves_the_safe_limit_below_the_card_m
     )
     snapshot = dataclasses.replace(
         snapshot,
-        domain_peaks={DomainRef.parse(rack): DomainPeak(quantile, 3_600.0)},
+        domain_peaks={DomainRef.parse(rack): DomainPeak(quantile, 3_600.0, 0.0)},
         unit_peak_watts={("m", profile): watts for profile, watts in unit_peaks.items()},
         parts={**snapshot.parts, "peaks": Part(NOW)},
     )
@@ -359,10 +372,66 @@ def test_through_the_decider_no_admission_leaves_the_safe_limit_below_the_card_m
 
 def test_a_replica_past_the_predicted_peak_is_refused_for_it() -> None:
     replica = NewReplica(peak_watts=1_000.0, gpus=1, non_gpu_watts=50.0)
-    fits = predicted_peak_fits(9_000.0, 500.0, 7_000.0, 500.0, 8, 400.0, 210.0, replica)
+    fits = predicted_peak_fits(
+        9_000.0, 500.0, 7_000.0, 500.0, 8, 400.0, 210.0, replica, first_threshold=1.0
+    )
     assert (fits.predicted_watts, fits.after_watts, fits.refused) == (8_000, 9_000, None)
-    past = predicted_peak_fits(9_000.0, 500.0, 7_000.0, 501.0, 8, 400.0, 210.0, replica)
+    past = predicted_peak_fits(
+        9_000.0, 500.0, 7_000.0, 501.0, 8, 400.0, 210.0, replica, first_threshold=1.0
+    )
     assert past.refused == "peak"
+
+
+@pytest.mark.parametrize(
+    ("capped_share", "basis", "why"),
+    [
+        (0.0, "predicted", "p99 over 1.0 d of history 4.0 kW"),
+        (0.01, "predicted", "p99 over 1.0 d of history 4.0 kW"),
+        (
+            0.02,
+            "reserved",
+            "today's rule (reserved estimates): capped 2.0% of its window, more than the 1.0% "
+            "its p99 leaves over: its measured power is what the caps allowed",
+        ),
+        (
+            None,
+            "reserved",
+            "today's rule (reserved estimates): no record of its capping ladder in the window "
+            "(llmgw_decider_capping_step: is the decider scraped?), so no telling whether its "
+            "measured power was held down",
+        ),
+    ],
+)
+def test_the_capped_guard_takes_a_domain_capped_past_the_percentile_off_its_prediction(
+    capped_share: float | None, basis: str, why: str
+) -> None:
+    """A p99 of power the ladder held down for more than 1 % of the window is what the caps
+    allowed: admitting on it would fill the domain further (docs/oversubscription-week.md)."""
+    found = prediction(
+        Oversubscription(),
+        DomainPeak(4_000.0, 86_400.0, capped_share),
+        True,
+        3_000.0,
+        ReservedFigures(),
+        (210.0, "the card minimum 210 W"),
+    )
+    assert (found.basis, found.why) == (basis, why)
+    assert found.capped_share == capped_share
+
+
+def test_admission_stops_at_the_ladders_first_threshold_not_the_limit() -> None:
+    """A domain filled to its limit sits in the band where the ladder caps every busy hour
+    (docs/oversubscription-week.md): the predicted peak with the replica must stay under
+    first_threshold x limit. 9.0 kW with the replica is the limit, past 0.95 of it."""
+    replica = NewReplica(peak_watts=1_000.0, gpus=1, non_gpu_watts=50.0)
+    past = predicted_peak_fits(
+        9_000.0, 500.0, 7_000.0, 500.0, 8, 400.0, 210.0, replica, first_threshold=0.95
+    )
+    assert past.refused == "peak"
+    under = predicted_peak_fits(
+        9_000.0, 500.0, 6_550.0, 500.0, 8, 400.0, 210.0, replica, first_threshold=0.95
+    )
+    assert (under.after_watts, under.refused) == (8_550, None)
 
 
 # --- the peaks query on Prometheus' engine (promtool) and on VictoriaMetrics --------------------
@@ -376,6 +445,12 @@ HISTORY = {
     'llmgw_domain_measured_watts{kind="rack",domain="r1xa"}': "9000x60",
     'llmgw_domain_measured_watts{kind="pdu",domain="p1"}': "2000x60",
     'llmgw:unit_power_watts{node="n1",unit="u1",model="m",profile="tp1"}': "300x60",
+    # The decider's ladders (two deciders scraped: the larger step counts): r1.a at step 2
+    # all along by one of them, p1 never capped, the decoy capped.
+    'llmgw_decider_capping_step{kind="rack",domain="r1.a",instance="d1"}': "2x60",
+    'llmgw_decider_capping_step{kind="rack",domain="r1.a",instance="d2"}': "0x60",
+    'llmgw_decider_capping_step{kind="rack",domain="r1xa",instance="d1"}': "1x60",
+    'llmgw_decider_capping_step{kind="pdu",domain="p1",instance="d1"}': "0x60",
     'llmgw:unit_power_watts{node="n2",unit="u2",model="m",profile="tp1"}': "350x60",
 }
 #: At minute 60: each figure, by (its labels, as promtool writes them).
@@ -384,6 +459,8 @@ PEAKS = {
     '{kind="rack",domain="r1.a",figure="history_seconds"}': 2_400,
     '{kind="pdu",domain="p1",figure="peak_watts"}': 2_000,
     '{kind="pdu",domain="p1",figure="history_seconds"}': 3_600,
+    '{kind="rack",domain="r1.a",figure="capped_share"}': 1,
+    '{kind="pdu",domain="p1",figure="capped_share"}': 0,
     '{model="m",profile="tp1",figure="unit_peak_watts"}': 350,
 }
 

@@ -4,9 +4,9 @@ limit, or past what the capping ladder can bring back (issue 20; docs/facility.m
 
 A domain that sets `oversubscribe: true` admits against what its replicas draw instead of
 the sum of their estimates. Its basis is `predicted` while the `peaks` part (decider.peaks)
-is fresh and holds at least `min_history` of the domain's measurements; else `reserved`,
-today's rule (power_cap and over_cap on the larger of reserved and measured), and the
-domain's answers say why. On the predicted basis:
+is fresh, holds at least `min_history` of the domain's measurements and passes the capped
+guard (below); else `reserved`, today's rule (power_cap and over_cap on the larger of
+reserved and measured), and the domain's answers say why. On the predicted basis:
 
 - **Predicted peak** = max(measured power at `percentile` over `window`, measured power now)
   + the peaks of the reservations the measurement cannot see yet + `other_watts`. A
@@ -17,13 +17,24 @@ domain's answers say why. On the predicted basis:
 - **A replica's peak**: its model profile's measured peak per replica, the largest of its
   units' power at `percentile` over `window` (llmgw:unit_power_watts), where Prometheus has
   one; else its estimate (decider.placement.estimate), as today.
-- **Admitted** while predicted peak + the replica's peak ≤ the domain's limit, cap × (1 −
-  margin) (decider.facility.limit_watts, as every rule), **and** the capping ladder can
+- **Admitted** while predicted peak + the replica's peak ≤ the ladder's first line,
+  `ladder.first_threshold` × the domain's limit, cap × (1 − margin)
+  (decider.facility.limit_watts, as every rule): admitting to the limit itself would fill
+  the domain into the band where the ladder caps, and a full domain would sit capped every
+  busy hour (docs/oversubscription-week.md measured 23 % of tokens lost so); **and** the
+  capping ladder can
   bring the domain back: with the replica, the one per-GPU limit at which every reserved
   GPU fits the limit at the estimates (decider.capping.ladder.safe_gpu_limit) is at least
   the card's minimum (MIN_LIMIT_FRACTION of the largest GPU limit of the domain's nodes,
   decider.facility, as decider.power_capping) and the ladder's `floor_gpu_watts`. A domain
   with no GPU to cap must fit at the estimates outright.
+- **The capped guard.** A percentile of power the ladder held down is what the caps
+  allowed, not what the replicas want: admitting on it fills the domain further, and it is
+  capped longer still. A domain whose ladder was at step 1 or 2 for more than (1 −
+  `percentile`) of the samples of its window (`capped_share` of the peaks part, from the
+  decider's own `llmgw_decider_capping_step`: decider.peaks) is judged by today's rule,
+  and says so. With no record of its ladder in the window (the decider not scraped), the
+  same: the guard cannot tell, so it errs towards capped.
 
 `predicted_peak_fits` is the pure computation (no View, no I/O): the week simulator calls
 it too. `prediction` works out one domain's figures from plain data; `refuse` is the filter
@@ -84,6 +95,8 @@ def predicted_peak_fits(
     reserved_non_gpu_watts: float,
     min_gpu_limit_watts: float,
     replica: NewReplica,
+    *,
+    first_threshold: float,
 ) -> Fit:
     """Whether one more `replica` fits an oversubscribed domain (module docstring).
 
@@ -91,7 +104,9 @@ def predicted_peak_fits(
     the window, measured now); `unseen_watts`: the peaks of the reservations the measurement
     cannot see yet; `reserved_gpus`, `reserved_non_gpu_watts`: every reservation's GPUs, and
     its estimate less its GPUs at their limit, summed; `min_gpu_limit_watts`: the lowest
-    per-GPU limit the ladder may set (the card's minimum, or the floor where higher)."""
+    per-GPU limit the ladder may set (the card's minimum, or the floor where higher);
+    `first_threshold`: the ladder's first line as a share of `limit_watts`: the predicted
+    peak with the replica must stay under it."""
     predicted = measured_peak_watts + unseen_watts + other_watts
     after = predicted + replica.peak_watts
     gpus = reserved_gpus + replica.gpus
@@ -106,7 +121,7 @@ def predicted_peak_fits(
             "" if bounded else f" past the {limit_watts / 1000:.1f} kW limit"
         )
     refused: Literal["peak", "safe_cap"] | None = None
-    if after > limit_watts:
+    if after > first_threshold * limit_watts:
         refused = "peak"
     elif not bounded:
         refused = "safe_cap"
@@ -133,6 +148,8 @@ class Prediction:
     reserved_non_gpu_watts: float
     min_gpu_limit_watts: float | None  # the card's minimum, or the ladder's floor if higher
     min_gpu_limit_from: str
+    first_threshold: float  # the ladder's first line: admission fills the limit to this share
+    capped_share: float | None  # of the window's samples, the share its ladder was capped
 
     @property
     def predicted(self) -> bool:
@@ -170,6 +187,10 @@ class Prediction:
             "unseen_reservations": self.unseen_count,
             "unseen_watts": round(self.unseen_watts, 1),
             "predicted_watts": round(self.load_watts + other_watts, 1) if self.predicted else None,
+            "admit_to_watts": (
+                None if limit_watts is None else round(self.first_threshold * limit_watts, 1)
+            ),
+            "capped_share": None if self.capped_share is None else round(self.capped_share, 4),
             "reserved_gpus": self.reserved_gpus,
             "safe_gpu_limit_watts": safe,
             "min_gpu_limit_watts": _rounded(self.min_gpu_limit_watts),
@@ -274,7 +295,10 @@ def prediction(
     """One oversubscribed domain's basis and figures (module docstring)."""
     history = None if peak is None else peak.history_seconds
     quantile = None if peak is None else peak.peak_watts
+    capped = None if peak is None else peak.capped_share
     fallback = _fallback(settings, peaks_fresh, quantile, history, min_limit[0])
+    if fallback is None:
+        fallback = capped_guard(capped, settings.percentile)
     if fallback is not None:
         why = f"today's rule (reserved estimates): {fallback}"
     else:
@@ -304,7 +328,27 @@ def prediction(
         reserved_non_gpu_watts=reserved.non_gpu_watts,
         min_gpu_limit_watts=min_limit[0],
         min_gpu_limit_from=min_limit[1],
+        first_threshold=settings.ladder.first_threshold,
+        capped_share=capped,
     )
+
+
+def capped_guard(capped_share: float | None, percentile: float) -> str | None:
+    """Why a domain's measured percentile cannot be admitted on (the capped guard, module
+    docstring); None: it can. `capped_share`: the share of the window's samples at which its
+    ladder was at step 1 or 2; None: no record of its ladder in the window."""
+    if capped_share is None:
+        return (
+            "no record of its capping ladder in the window (llmgw_decider_capping_step: is "
+            "the decider scraped?), so no telling whether its measured power was held down"
+        )
+    allowed = 1.0 - percentile
+    if capped_share > allowed + 1e-9:
+        return (
+            f"capped {capped_share:.1%} of its window, more than the {allowed:.1%} its "
+            f"p{_pct(percentile)} leaves over: its measured power is what the caps allowed"
+        )
+    return None
 
 
 def _fallback(
@@ -355,6 +399,7 @@ def refuse(domain: _Predicted, replica: NewReplica) -> str | None:
         found.reserved_non_gpu_watts,
         found.min_gpu_limit_watts or 0.0,
         replica,
+        first_threshold=found.first_threshold,
     )
     if fit.refused is None:
         return None
@@ -362,16 +407,17 @@ def refuse(domain: _Predicted, replica: NewReplica) -> str | None:
         f"limit {domain.limit / 1000:.1f} kW (cap {domain.cap / 1000:.1f}, "
         f"margin {domain.margin * 100:g}%)"
     )
+    line = f"the ladder's first threshold {found.first_threshold:g} of its {limit}"
     if fit.refused == "peak":
         return (
             f"{domain.label}: predicted peak {fit.predicted_watts / 1000:.1f} kW ({found.why}"
             + (f", incl. {domain.other_watts / 1000:.1f} other" if domain.other_watts else "")
             + f") + replica's peak ~{replica.peak_watts / 1000:.1f} kW ({replica.peak_from}) "
-            f"= {fit.after_watts / 1000:.1f} kW, past its {limit}"
+            f"= {fit.after_watts / 1000:.1f} kW, past {line}"
         )
     return (
         f"{domain.label}: predicted peak {fit.after_watts / 1000:.1f} kW with the replica fits "
-        f"its {limit}, but the capping ladder could not bring it back at the estimates: "
+        f"{line}, but the capping ladder could not bring it back at the estimates: "
         f"{fit.safe_reason}"
         # safe_gpu_limit names the lowest limit the card minimum; say where it is the floor.
         + (f" (the lowest: {found.min_gpu_limit_from})" if found.min_from_floor else "")
