@@ -162,6 +162,7 @@ SERVER_TESTS: dict[str, frozenset[str] | None] = {
     "test_alerting_e2e.py": None,
     "test_bmc_alerts_e2e.py": None,
     "test_bmc_targets.py": None,
+    "test_capping_e2e.py": None,
     "test_benchmark_smoke.py": frozenset({"test_a_few_rounds_end_to_end"}),
     "test_conditions_state_set.py": frozenset(
         {"test_every_read_finds_each_domain_at_exactly_one_condition"}
