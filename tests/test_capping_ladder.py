@@ -19,6 +19,7 @@ from decider.capping.ladder import (
     LadderState,
     LostFeed,
     advance,
+    held_back,
     initial,
     release_line,
     safe_gpu_limit,
@@ -125,20 +126,24 @@ def test_no_release_before_hold_below_the_release_line(
 ) -> None:
     groups, other, budget = domain
     state, now = initial(0.0), 0.0
-    history: list[tuple[float, float]] = [(now, 0.0)]
+    # (time, power, power plus what the caps in force at that reading hold back, at most)
+    history: list[tuple[float, float, float]] = [(now, 0.0, 0.0)]
     for later, share in steps:
         now += later
         power = share * budget
         before = state
         state = advance(before, now, power, budget, groups, ladder, other_watts=other)
-        history.append((now, power))
+        history.append((now, power, power + held_back(groups, before.caps)))
         assert state.step >= before.step - 1, "one step at a time"
         if state.step < before.step:
             line = release_line(ladder, before.step, budget)
             calm = before.calm_since if before.calm_since is not None else now
             assert now - calm >= ladder.hold
-            # every reading since the wait began was below the line
-            assert all(p < line for t, p in history if t >= calm), (history, calm, line)
+            # every reading since the wait began was below the line, and with what the caps
+            # held back below the ceiling (the budget where none is given)
+            since = [(p, released) for t, p, released in history if t >= calm]
+            assert all(p < line for p, _ in since), (history, calm, line)
+            assert all(released < budget for _, released in since), (history, calm, budget)
             assert state.since == now
         elif state.step == before.step and state.step > UNCAPPED and state.lost_feed is None:
             # within a step caps only fall
@@ -254,24 +259,51 @@ def test_step_two_spreads_the_remainder_over_every_class() -> None:
 def test_release_waits_for_hold_one_step_at_a_time() -> None:
     state = advance(initial(0), 0, 19_500, BUDGET, RACK, SETTINGS, other_watts=OTHER)
     assert state.step == ALL_CAPPED
+    # batch to 300 W (the worst case to 18 kW), then 1.5 kW measured over it off both: 606 W
+    assert dict(state.caps) == {"batch": 300.0, "interactive": 606.0}
+    held = held_back(RACK, state.caps)  # 16 x 400 + 16 x 94 = 7.9 kW
     line2 = release_line(SETTINGS, 2, BUDGET)  # 0.92 * 20 kW = 18.4 kW
-    state = advance(state, 60, line2 - 1, BUDGET, RACK, SETTINGS, other_watts=OTHER)
+    calm = BUDGET - held - 1  # 12.1 kW: the budget (no ceiling given) with all held back
+    state = advance(state, 60, calm, BUDGET, RACK, SETTINGS, other_watts=OTHER)
     assert (state.step, state.calm_since) == (ALL_CAPPED, 60)
-    state = advance(state, 600, line2 - 1, BUDGET, RACK, SETTINGS, other_watts=OTHER)
+    state = advance(state, 600, calm, BUDGET, RACK, SETTINGS, other_watts=OTHER)
     assert state.step == ALL_CAPPED  # 540 s of 600
     state = advance(state, 650, line2 + 1, BUDGET, RACK, SETTINGS, other_watts=OTHER)
     assert (state.step, state.calm_since) == (ALL_CAPPED, None)  # the wait starts again
-    state = advance(state, 700, 16_000, BUDGET, RACK, SETTINGS, other_watts=OTHER)
-    state = advance(state, 1300, 16_000, BUDGET, RACK, SETTINGS, other_watts=OTHER)
+    state = advance(state, 700, 9_000, BUDGET, RACK, SETTINGS, other_watts=OTHER)
+    state = advance(state, 1300, 9_000, BUDGET, RACK, SETTINGS, other_watts=OTHER)
     assert (state.step, state.since) == (LOWEST_CAPPED, 1300)
     assert set(state.caps) == {"batch"}
-    # 16 kW is below step 1's line too (0.85 * 20 = 17 kW), and it needs its own hold
+    # 9 kW + all 7.9 kW held back is below step 1's line too (0.85 * 20 = 17 kW), and it
+    # needs its own hold
     assert state.calm_since == 1300
-    state = advance(state, 1899, 16_000, BUDGET, RACK, SETTINGS, other_watts=OTHER)
+    state = advance(state, 1899, 9_000, BUDGET, RACK, SETTINGS, other_watts=OTHER)
     assert state.step == LOWEST_CAPPED
-    state = advance(state, 1900, 16_000, BUDGET, RACK, SETTINGS, other_watts=OTHER)
+    state = advance(state, 1900, 9_000, BUDGET, RACK, SETTINGS, other_watts=OTHER)
     assert (state.step, dict(state.caps)) == (UNCAPPED, {})
     assert "uncapped" in state.reason
+
+
+def test_a_release_counts_what_the_caps_hold_back() -> None:
+    """Power held down by the caps is not what the domain draws once they are lifted: at
+    16 kW, under step 1's release line (17 kW), with batch capped to 300 W (up to 6.4 kW
+    held back), the domain may draw 22.4 kW released, past its 22 kW cap: no release,
+    however long. At 15 kW (21.4 kW released) it is released after the hold."""
+    cap = 22_000.0
+    state = advance(initial(0), 0, 18_100, BUDGET, RACK, SETTINGS, other_watts=OTHER)
+    assert (state.step, dict(state.caps)) == (LOWEST_CAPPED, {"batch": 300.0})
+    assert held_back(RACK, state.caps) == 6_400
+    for now in (60, 700, 1_400, 5_000):
+        state = advance(
+            state, now, 16_000, BUDGET, RACK, SETTINGS, other_watts=OTHER, ceiling_watts=cap
+        )
+        assert (state.step, state.calm_since) == (LOWEST_CAPPED, None), state.reason
+    assert "16.0 kW + up to 6.4 kW its caps hold back would reach its cap 22.0 kW" in state.reason
+    for now in (5_060, 5_660):
+        state = advance(
+            state, now, 15_000, BUDGET, RACK, SETTINGS, other_watts=OTHER, ceiling_watts=cap
+        )
+    assert (state.step, dict(state.caps), state.since) == (UNCAPPED, {}, 5_660)
 
 
 def test_a_lost_feed_caps_to_the_survivor_at_low_power_and_holds() -> None:

@@ -99,7 +99,10 @@ def test_the_ladder_is_what_keeps_the_heavy_day_within_its_ratings(
 
     assert longest(without) > 10 * reaction, "the heavy day is not heavy: nothing to show"
     assert sum(s.seconds_above_rating for s in with_ladder.stats) == 0.0
-    assert 0.0 < longest(with_ladder) <= reaction
+    # admitting to the ladder's first threshold, the heavy day may pass rating x derating
+    # for no 5-s step at all; where it does, within the reaction time
+    assert longest(with_ladder) <= reaction
+    assert sum(s.seconds_capped for s in with_ladder.stats) > 0.0, "the ladder never capped"
     assert with_ladder.tokens_lost_capping > 0.0
     assert without.tokens_lost_capping == 0.0
 

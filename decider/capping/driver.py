@@ -307,6 +307,7 @@ class Capper:
                 other_watts=other,
                 lost_feed=feeds.lost_feed(view, ref),
                 label=f"{ref.kind} {ref.name}",
+                ceiling_watts=domain.cap,  # rating x derating: no release lets it pass there
             )
         return DomainCapping(
             ref=ref,

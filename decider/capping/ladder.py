@@ -7,10 +7,21 @@ class. No I/O, no clock: the decider (decider.capping.driver) and the week simul
   (the groups of the lowest `rank`; the caller ranks replicas with no class, and nodes with
   no reservation, there). Above `second_threshold` x budget: step 2, every class capped.
   Going up waits for nothing: it is the safe direction.
-- **Down one step at a time, after `hold`.** A step is released only after power has stayed
-  below its release line, (its threshold - `release_margin`) x budget, for `hold` seconds;
-  the next step down needs its own `hold` below its own line. A reading above the line
-  starts the wait again (`calm_since`). No flapping: a step never ends sooner.
+- **Down one step at a time, after `hold`.** A step is released only after power has
+  stayed below its release line, (its threshold - `release_margin`) x budget, for `hold`
+  seconds, **and** power plus what its caps hold back stays below `ceiling_watts` (the
+  domain's cap, rating x derating: past it an excursion counts). Power held down by the
+  caps is not what the domain draws once they are lifted: judged alone, a release could
+  put the domain past its cap, or past a rating (the week simulated at derating 0.9 did).
+  What the caps hold back is not measured: `held_back` bounds it, each capped GPU at its
+  limit less its cap. The bound is not held to the release line: step 1 caps the lowest
+  class against the worst case, to its minimum in a domain oversubscribed past what that
+  class can absorb, and power plus that bound stayed over the release line all day (the
+  week simulated so: 10 % of domain-time capped, 4.5 % of tokens lost); past the release
+  line after a release, the ladder caps again within the reaction time, and the hold
+  keeps that from flapping. The next step down needs its own `hold` below its own line. A
+  reading at or above either line starts the wait again (`calm_since`). A step never ends
+  sooner.
 - **The caps.** The highest whole-watt per-GPU cap, the same for every class it caps, that
   brings the domain's **worst case** (each GPU at its cap, the rest at their uncapped
   limit, plus `other_watts`: what the domain draws besides its GPUs at worst, the caller's
@@ -107,6 +118,15 @@ def worst_case(groups: Iterable[ClassGpus], caps: Mapping[str, float], other_wat
     return other_watts + sum(
         group.gpus * min(caps.get(group.klass, group.limit_watts), group.limit_watts)
         for group in groups
+    )
+
+
+def held_back(groups: Iterable[ClassGpus], caps: Mapping[str, float]) -> float:
+    """The most the caps hold back: each capped GPU at its limit less its cap."""
+    return sum(
+        group.gpus * max(0.0, group.limit_watts - caps[group.klass])
+        for group in groups
+        if group.klass in caps
     )
 
 
@@ -241,9 +261,12 @@ def _move(
     budget_watts: float,
     settings: Ladder,
     feed_lost: bool,
+    held_watts: float,
+    ceiling_watts: float,
 ) -> _Move:
     """The step after this reading: up at once past a threshold, down one step after `hold`
-    below the release line (never while a feed is lost)."""
+    below the release line with power plus `held_watts` (what the caps hold back, at most)
+    below `ceiling_watts` (never while a feed is lost)."""
     share = power_watts / budget_watts
     wanted = UNCAPPED
     if share > settings.second_threshold:
@@ -262,6 +285,12 @@ def _move(
         return _Move(step, state.since, None, False, (f"step {step} held: a feed is lost",))
     if power_watts >= line:
         words = f"step {step} held: at or above its release line {_kw(line)} kW"
+        return _Move(step, state.since, None, False, (words,))
+    if power_watts + held_watts >= ceiling_watts:  # what the domain may draw once released
+        words = (
+            f"step {step} held: {_kw(power_watts)} kW + up to {_kw(held_watts)} kW its caps "
+            f"hold back would reach its cap {_kw(ceiling_watts)} kW"
+        )
         return _Move(step, state.since, None, False, (words,))
     calm = now if calm is None else calm
     if now - calm < settings.hold:
@@ -284,16 +313,22 @@ def advance(
     other_watts: float = 0.0,
     lost_feed: LostFeed | None = None,
     label: str = "",
+    ceiling_watts: float | None = None,
 ) -> LadderState:
     """The ladder's next state after a reading (see the module doc). `other_watts`: what the
     domain draws besides its GPUs at worst (the caller's estimate; 0 counts GPUs alone);
     `lost_feed`: a feed of the domain lost; `label`: how reasons name the domain
-    (`rack r1`). Raises ValueError on a reading or budget that is not a number, or a class
-    given twice."""
+    (`rack r1`); `ceiling_watts`: no release may let power plus what the caps hold back reach
+    it (the domain's cap, rating x derating; None: the budget). Raises ValueError on a
+    reading or budget that is not a number, or a class given twice."""
     _check(power_watts, budget_watts, groups)
     groups = [group for group in groups if group.gpus > 0]
     floor = settings.floor_gpu_watts
-    move = _move(state, now, power_watts, budget_watts, settings, lost_feed is not None)
+    held = held_back(groups, state.caps)
+    ceiling = budget_watts if ceiling_watts is None else ceiling_watts
+    move = _move(
+        state, now, power_watts, budget_watts, settings, lost_feed is not None, held, ceiling
+    )
     step, since, calm = move.step, move.since, move.calm_since
 
     target = settings.first_threshold * budget_watts

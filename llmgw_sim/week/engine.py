@@ -18,11 +18,14 @@ those GPUs). `oversubscribe`: helper A's rule, the decider's own pure function
 measurements, max(the domain's measured power at `percentile` over `window`, sampled at
 the rules' 30 s, and its measured power now) + the peaks of the replicas admitted less than
 `min_history` ago + other_watts + the new replica's peak (its model's most on its
-ML.ENERGY curve up to its serving configuration, plus the node share) within the budget,
-and the safe per-GPU limit at the estimates not below the card's minimum; with less
-history, today's rule. In both, a domain the ladder has capped admits nothing (as a
-domain over its cap admits nothing today). `WeekConfig.capped_guard` and `admit_share`
-are variants of the rule (docs/oversubscription-week.md).
+ML.ENERGY curve up to its serving configuration, plus the node share) within the ladder's
+first threshold x the budget, and the safe per-GPU limit at the estimates not below the
+card's minimum; with less history, or a domain whose ladder was capped for more than
+(1 - percentile) of the window's samples (the capped guard, `predicted_peak.capped_guard`,
+fed the share of the 30-s samples at step 1 or 2, as the decider reads it from
+llmgw_decider_capping_step), today's rule. In both, a domain the ladder has capped admits
+nothing (as a domain over its cap admits nothing today). `WeekConfig.capped_guard` and
+`admit_to_limit` turn parts of the rule off: the variants of docs/oversubscription-week.md.
 
 **The ladder** is helper B's pure `decider.capping.ladder.advance`, fed as the decider's
 driver (decider.capping.driver) feeds it: at each refresh, each oversubscribed domain's
@@ -51,7 +54,12 @@ import numpy as np
 
 from decider.capping import ladder
 from decider.facility import Facility
-from decider.placement.predicted_peak import NewReplica, min_gpu_limit, predicted_peak_fits
+from decider.placement.predicted_peak import (
+    NewReplica,
+    capped_guard,
+    min_gpu_limit,
+    predicted_peak_fits,
+)
 from llmgw_sim.week.data import (
     CLASSES,
     GOOGLE_STEP_SECONDS,
@@ -109,13 +117,13 @@ class WeekConfig:
     """The first of Google's 31 days the week follows."""
     place_every_s: float = 900.0
     ladder: bool = True
-    capped_guard: bool = False
-    admit_share: float = 1.0
-    """The share of the budget the oversubscribed policy admits to (1: the budget, as the
-    decider does; the ladder's first threshold leaves its band free)."""
-    """Refuse admission to a domain capped for longer than (1 - percentile) of the window
-    (not in the decider's rule: docs/oversubscription-week.md says why it matters)."""
     """The oversubscribed policy's capping ladder; False shows what it saves the site from."""
+    capped_guard: bool = True
+    """The decider's capped guard (decider.placement.predicted_peak.capped_guard); False:
+    admit on a percentile the caps held down (the rule before, a variant)."""
+    admit_to_limit: bool = False
+    """Admit up to the budget itself, not to the ladder's first threshold of it (the rule
+    before, a variant)."""
     load_shape: tuple[tuple[float, float], ...] = ()
     """(seconds, factor) points: every replica's demand times the factor interpolated
     between them (a quiet spell, a heavy day), served up to capacity; () for none."""
@@ -276,7 +284,6 @@ class Week:
         self.budget = np.array([d.budget_watts for d in self.domains])
         self.free_gpus = np.full(self.n_nodes, spec.gpus_per_node)
         self.reserved = np.zeros(len(self.domains))
-        self.admit_share = config.admit_share
         self.reserved_gpus = np.zeros(len(self.domains), dtype=int)
         self.reserved_non_gpu = np.zeros(len(self.domains))
         self.min_gpu_limit, _ = min_gpu_limit(
@@ -304,6 +311,7 @@ class Week:
             )
         self.diurnal = shape / shape.max(axis=0)  # each PDU's busiest 5 min of the run: 1
         self.ladders: dict[int, ladder.LadderState] = {}
+        self.first_threshold = self.settings.ladder.first_threshold
         self.hours = math.ceil(config.days * 24) + 1
 
     # --- admission --------------------------------------------------------------------------
@@ -338,7 +346,7 @@ class Week:
         )
         spec = MODELS[model]
         fit = predicted_peak_fits(
-            limit_watts=float(self.budget[domain]) * self.admit_share,
+            limit_watts=float(self.budget[domain]),
             other_watts=self.domains[domain].other_watts,
             measured_peak_watts=float(measured_peak[domain]),
             unseen_watts=unseen,
@@ -351,6 +359,7 @@ class Week:
                 non_gpu_watts=self._estimate(model) - spec.gpus * H100.power_limit_watts,
                 peak_from="measured",
             ),
+            first_threshold=1.0 if self.config.admit_to_limit else self.first_threshold,
         )
         return fit.refused is None
 
@@ -370,6 +379,7 @@ class Week:
         measured_nodes = np.maximum(measured - others, 0.0)
         predicted = self.policy == "oversubscribe" and now >= self.settings.min_history
         full: set[int] = set()
+        guarded: set[int] = set()  # on today's rule by the capped guard
         if predicted:
             window = int(self.settings.window / STEP_S)
             every = int(self.latency.node_rules_s / STEP_S)  # the recorded series' resolution
@@ -378,11 +388,15 @@ class Week:
             quantile = np.quantile(sampled, self.settings.percentile, axis=0)
             measured_peak = np.maximum(quantile, measured_nodes)
             if self.config.capped_guard:
-                # A percentile of power the ladder held down says what the caps allowed,
-                # not what the replicas want: a domain capped for longer than the
-                # percentile leaves over (1 % of the window at p99) is full.
-                share = self.capped[start : seen + 1].mean(axis=0)
-                full = set(np.flatnonzero(share > 1 - self.settings.percentile).tolist())
+                # The decider's guard: a domain capped for longer than the percentile leaves
+                # over (1 % of the window at p99) falls to today's rule. The share of the
+                # same 30-s samples as the quantile's, as the decider's peaks query has it.
+                shares = self.capped[start : seen + 1 : every].mean(axis=0)
+                guarded = {
+                    d
+                    for d, share in enumerate(shares)
+                    if capped_guard(float(share), self.settings.percentile) is not None
+                }
         # A domain the ladder has capped admits nothing, as a domain over its cap today.
         full |= {d for d, state in self.ladders.items() if state.step > ladder.UNCAPPED}
         placed_any = True
@@ -399,10 +413,12 @@ class Week:
                     doms = self.node_domains[node]
                     if any(d in full for d in doms):
                         continue
-                    if predicted:
-                        ok = all(self._predicted_fits(d, model, measured_peak, now) for d in doms)
-                    else:
-                        ok = all(self._today_fits(d, model, measured_nodes) for d in doms)
+                    ok = all(
+                        self._predicted_fits(d, model, measured_peak, now)
+                        if predicted and d not in guarded
+                        else self._today_fits(d, model, measured_nodes)
+                        for d in doms
+                    )
                     if not ok:
                         continue
                     rack_domain = doms[0]
@@ -633,6 +649,7 @@ class Week:
                         self.settings.ladder,
                         other_watts=float(self.besides_gpus[d]),
                         label=domain.label,
+                        ceiling_watts=domain.cap_watts,
                     )
             if ladder_on and self.ladders:
                 self._apply_caps(t)
@@ -664,10 +681,6 @@ class Week:
         )
 
 
-def _first_threshold(config: WeekConfig) -> float:
-    return config.site.facility(True).oversubscription.ladder.first_threshold
-
-
 def _thresholds(config: WeekConfig, first: float, second: float) -> WeekConfig:
     settings = dict(config.site.oversubscription)
     settings["ladder"] = {
@@ -675,7 +688,7 @@ def _thresholds(config: WeekConfig, first: float, second: float) -> WeekConfig:
         "first_threshold": first,
         "second_threshold": second,
     }
-    return replace(config, site=replace(config.site, oversubscription=settings), admit_share=first)
+    return replace(config, site=replace(config.site, oversubscription=settings))
 
 
 #: The names of the columns `run_policies` returns.
@@ -684,12 +697,9 @@ DECIDER = "oversubscription (the decider's rule)"
 #: Variants of the admission rule and the ladder's settings besides the decider's as it
 #: is, each a change of the run's configuration (docs/oversubscription-week.md).
 VARIANTS: dict[str, Callable[[WeekConfig], WeekConfig]] = {
-    "+ capped guard": lambda config: replace(config, capped_guard=True),
-    "admitting to the first threshold": lambda config: replace(
-        config, admit_share=_first_threshold(config)
-    ),
-    "admitting to the first threshold, thresholds 0.95/0.99": lambda config: _thresholds(
-        config, 0.95, 0.99
+    "without the capped guard": lambda config: replace(config, capped_guard=False),
+    "the rule before: to the limit, 0.90/0.97, no guard": lambda config: replace(
+        _thresholds(config, 0.90, 0.97), capped_guard=False, admit_to_limit=True
     ),
 }
 

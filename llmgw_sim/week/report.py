@@ -35,8 +35,8 @@ POWER_PLOT = "oversubscription-week-power.png"
 DISTRIBUTION_PLOT = "oversubscription-week-distribution.png"
 #: The variants whose power is plotted too, and their files.
 PLOTTED_VARIANTS = {
-    "admitting to the first threshold, thresholds 0.95/0.99": (
-        "oversubscription-week-power-thresholds-0.95.png"
+    "the rule before: to the limit, 0.90/0.97, no guard": (
+        "oversubscription-week-power-rule-before.png"
     ),
 }
 #: PNG files carry no date or version here, so that one seed writes the same bytes.
