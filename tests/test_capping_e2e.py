@@ -376,11 +376,13 @@ def at_limit(node: Node, limit: float | None, state: str) -> Callable[[], dict |
     return holds
 
 
-def in_prometheus(site: Site, node: Node, watts: float) -> Callable[[], bool]:
-    """Prometheus's latest sample of each of the node's GPUs is `watts`."""
+def in_prometheus(
+    site: Site, node: Node, watts: float, series: str = "llmgw_gpu_power_watts"
+) -> Callable[[], bool]:
+    """Prometheus's latest sample of `series` for each of the node's GPUs is `watts`."""
 
     def holds() -> bool:
-        seen = query(site.prometheus, f'llmgw_gpu_power_watts{{node="{node.name}"}}')
+        seen = query(site.prometheus, f'{series}{{node="{node.name}"}}')
         return sorted(seen.values()) == [watts] * GPUS_PER_NODE
 
     return holds
@@ -541,14 +543,22 @@ def test_the_ladder_caps_releases_and_the_agents_fall_to_the_safe_limit(site: Si
     for name, limit in safe.items():
         assert limit < GPU_LIMIT_W, f"{name}'s safe limit {limit} is no cap"
     killed = time.monotonic()
-    site.decider.kill()
+    site.decider.kill()  # reaped: no lease is renewed from here on
+    expiry_key = ("llmgw_capping_lease_expiry_timestamp_seconds", frozenset())
+    expiries = {name: node.metrics()[expiry_key] for name, node in site.nodes.items()}
     for name, node in site.nodes.items():
         site.wait(at_limit(node, safe[name], "safe"), f"{name} at its safe limit {safe[name]:g} W")
+        # Kept its lease to the end: the safe limit came once it ran out, not before.
+        assert time.time() >= expiries[name], (name, expiries[name])
     figures["decider killed to both at the safe limit"] = time.monotonic() - killed
     for name, node in site.nodes.items():
         site.wait(
+            in_prometheus(site, node, safe[name], "llmgw_gpu_power_limit_watts"),
+            f"Prometheus reading {name}'s GPUs limited to {safe[name]:g} W",
+        )
+        site.wait(
             in_prometheus(site, node, min(node.draw_w, safe[name])),
-            f"Prometheus reading {name} under its safe limit",
+            f"Prometheus reading {name}'s power under its safe limit",
         )
         metrics = node.metrics()
         failing = ("llmgw_capping_agent_failing", frozenset({("reason", "decider")}))
