@@ -170,9 +170,10 @@ def test_the_ladder_caps_each_class_in_turn_and_releases_after_hold(site):
     assert entry["caps"] == {"batch": 312.0, "interactive": 612.0}
     assert lease(decider, "n3")["gpu_limit_watts"] == 612.0
 
-    # back down below both release lines, and low enough that what the caps hold back (8 x
-    # 388 + 8 x 88 W = 3.8 kW at most) would not take the rack past its 9 kW cap once they
-    # are lifted: step 2 holds for HOLD_S, then one step at a time
+    # back down below both release lines, and low enough that what each release lifts
+    # (interactive's 8 x 88 W, then batch's 8 x 388 W: 3.1 kW at most) would not take the
+    # rack past its 9 kW cap (at 6 kW, step 1 would hold): step 2 holds for HOLD_S, then
+    # one step at a time
     set_power(fake, 5000.0)
     dropped = time.monotonic()
     entry = wait_rack(decider, lambda e: e["step"] < 2, "the release of step 2")

@@ -21,6 +21,7 @@ from decider.capping.ladder import (
     advance,
     held_back,
     initial,
+    lifted,
     release_line,
     safe_gpu_limit,
     worst_case,
@@ -126,24 +127,24 @@ def test_no_release_before_hold_below_the_release_line(
 ) -> None:
     groups, other, budget = domain
     state, now = initial(0.0), 0.0
-    # (time, power, power plus what the caps in force at that reading hold back, at most)
-    history: list[tuple[float, float, float]] = [(now, 0.0, 0.0)]
+    history: list[tuple[float, float]] = [(now, 0.0)]
     for later, share in steps:
         now += later
         power = share * budget
         before = state
         state = advance(before, now, power, budget, groups, ladder, other_watts=other)
-        history.append((now, power, power + held_back(groups, before.caps)))
+        history.append((now, power))
         assert state.step >= before.step - 1, "one step at a time"
         if state.step < before.step:
             line = release_line(ladder, before.step, budget)
             calm = before.calm_since if before.calm_since is not None else now
             assert now - calm >= ladder.hold
-            # every reading since the wait began was below the line, and with what the caps
-            # held back below the ceiling (the budget where none is given)
-            since = [(p, released) for t, p, released in history if t >= calm]
-            assert all(p < line for p, _ in since), (history, calm, line)
-            assert all(released < budget for _, released in since), (history, calm, budget)
+            # every reading since the wait began was below the line, and what the release
+            # lets the domain draw more (the caps it raises, by how much, at most) keeps it
+            # under the ceiling (the budget where none is given)
+            assert all(p < line for t, p in history if t >= calm), (history, calm, line)
+            more = lifted(groups, before.caps, state.caps)
+            assert power + more < budget, (power, more, budget, before.caps, state.caps)
             assert state.since == now
         elif state.step == before.step and state.step > UNCAPPED and state.lost_feed is None:
             # within a step caps only fall
@@ -261,9 +262,11 @@ def test_release_waits_for_hold_one_step_at_a_time() -> None:
     assert state.step == ALL_CAPPED
     # batch to 300 W (the worst case to 18 kW), then 1.5 kW measured over it off both: 606 W
     assert dict(state.caps) == {"batch": 300.0, "interactive": 606.0}
-    held = held_back(RACK, state.caps)  # 16 x 400 + 16 x 94 = 7.9 kW
+    assert held_back(RACK, state.caps) == 16 * 400 + 16 * 94  # 7.9 kW, but a release of
+    # step 2 lifts only interactive's cap (batch keeps its step-1 cap): 1.5 kW, and 18.4 kW
+    # less a watt + 1.5 kW stays under the budget (the ceiling where none is given)
     line2 = release_line(SETTINGS, 2, BUDGET)  # 0.92 * 20 kW = 18.4 kW
-    calm = BUDGET - held - 1  # 12.1 kW: the budget (no ceiling given) with all held back
+    calm = line2 - 1
     state = advance(state, 60, calm, BUDGET, RACK, SETTINGS, other_watts=OTHER)
     assert (state.step, state.calm_since) == (ALL_CAPPED, 60)
     state = advance(state, 600, calm, BUDGET, RACK, SETTINGS, other_watts=OTHER)
@@ -274,8 +277,8 @@ def test_release_waits_for_hold_one_step_at_a_time() -> None:
     state = advance(state, 1300, 9_000, BUDGET, RACK, SETTINGS, other_watts=OTHER)
     assert (state.step, state.since) == (LOWEST_CAPPED, 1300)
     assert set(state.caps) == {"batch"}
-    # 9 kW + all 7.9 kW held back is below step 1's line too (0.85 * 20 = 17 kW), and it
-    # needs its own hold
+    # 9 kW is below step 1's line too (0.85 * 20 = 17 kW), and it needs its own hold; its
+    # release lifts batch's 6.4 kW: 15.4 kW, under the budget
     assert state.calm_since == 1300
     state = advance(state, 1899, 9_000, BUDGET, RACK, SETTINGS, other_watts=OTHER)
     assert state.step == LOWEST_CAPPED

@@ -13,11 +13,14 @@ class. No I/O, no clock: the decider (decider.capping.driver) and the week simul
   domain's cap, rating x derating: past it an excursion counts). Power held down by the
   caps is not what the domain draws once they are lifted: judged alone, a release could
   put the domain past its cap, or past a rating (the week simulated at derating 0.9 did).
-  What the caps hold back is not measured: `held_back` bounds it, each capped GPU at its
-  limit less its cap. The bound is not held to the release line: step 1 caps the lowest
-  class against the worst case, to its minimum in a domain oversubscribed past what that
-  class can absorb, and power plus that bound stayed over the release line all day (the
-  week simulated so: 10 % of domain-time capped, 4.5 % of tokens lost); past the release
+  What the caps hold back is not measured: `lifted` bounds what a release lets the domain
+  draw more, each GPU whose cap the release raises by how much (from step 2: the classes
+  above the lowest to their limit, the lowest to its step-1 cap at this reading; from
+  step 1: the lowest class to its limit). The bound is not held to the release line:
+  step 1 caps the lowest class against the worst case, to its minimum in a domain
+  oversubscribed past what that class can absorb, and power plus that bound stayed over
+  the release line all day (the week simulated so: 10 % of domain-time capped, 4.5 % of
+  tokens lost); past the release
   line after a release, the ladder caps again within the reaction time, and the hold
   keeps that from flapping. The next step down needs its own `hold` below its own line. A
   reading at or above either line starts the wait again (`calm_since`). A step never ends
@@ -123,10 +126,22 @@ def worst_case(groups: Iterable[ClassGpus], caps: Mapping[str, float], other_wat
 
 def held_back(groups: Iterable[ClassGpus], caps: Mapping[str, float]) -> float:
     """The most the caps hold back: each capped GPU at its limit less its cap."""
+    return lifted(groups, caps, {})
+
+
+def lifted(
+    groups: Iterable[ClassGpus], before: Mapping[str, float], after: Mapping[str, float]
+) -> float:
+    """The most the domain may draw more going from the caps `before` to the caps `after`:
+    each GPU whose cap rises, by how much (absent: its limit)."""
     return sum(
-        group.gpus * max(0.0, group.limit_watts - caps[group.klass])
+        group.gpus
+        * max(
+            0.0,
+            min(after.get(group.klass, group.limit_watts), group.limit_watts)
+            - min(before.get(group.klass, group.limit_watts), group.limit_watts),
+        )
         for group in groups
-        if group.klass in caps
     )
 
 
@@ -324,14 +339,20 @@ def advance(
     _check(power_watts, budget_watts, groups)
     groups = [group for group in groups if group.gpus > 0]
     floor = settings.floor_gpu_watts
-    held = held_back(groups, state.caps)
+    target = settings.first_threshold * budget_watts
+    # What a release from this step would let the domain draw more: the caps it lifts, to
+    # the caps of the step below worked out at this reading (none below step 1).
+    held = 0.0
+    if state.step > UNCAPPED:
+        below = state.step - 1
+        after = _fit(below, groups, other_watts, target, power_watts, floor).caps if below else {}
+        held = lifted(groups, state.caps, after)
     ceiling = budget_watts if ceiling_watts is None else ceiling_watts
     move = _move(
         state, now, power_watts, budget_watts, settings, lost_feed is not None, held, ceiling
     )
     step, since, calm = move.step, move.since, move.calm_since
 
-    target = settings.first_threshold * budget_watts
     fit = _fit(step, groups, other_watts, target, power_watts, floor)
     caps = fit.caps
     feed_words = ""
