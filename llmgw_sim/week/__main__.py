@@ -34,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--variants",
         action="store_true",
-        help="also run the admission rule's variants (a capped guard, admitting to the "
-        "ladder's first threshold)",
+        help="also run the admission rule's variants (without the capped guard; the rule "
+        "before: to the limit, thresholds 0.90/0.97, no guard)",
     )
     parser.add_argument("--traces", type=Path, default=data.TRACES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
