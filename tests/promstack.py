@@ -156,8 +156,17 @@ def prometheus(
         config["alerting"] = {
             "alertmanagers": [{"static_configs": [{"targets": list(alertmanagers)}]}]
         }
+    with prometheus_with_config(workdir, config) as server:
+        yield server
+
+
+@contextmanager
+def prometheus_with_config(workdir: Path, config: Mapping[str, Any]) -> Iterator[Server]:
+    """Prometheus running the whole `config` (prometheus.yml as a dict) in `workdir`, on a
+    port it picked, until the block ends."""
+    workdir.mkdir(parents=True, exist_ok=True)
     config_file = workdir / "prometheus.yml"
-    config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+    config_file.write_text(yaml.safe_dump(dict(config), sort_keys=False))
 
     def command(port: int) -> list[str]:
         return [

@@ -31,13 +31,12 @@ from typing import Any
 
 import pytest
 import requests
-import yaml
 
 from exporter.sources import SOURCES
 from llmgw_sim.demo.scale import scale_rules
 from tests.exporter_helpers import serving_exporter
 from tests.ipmi_sim_helpers import SimulatedBmc, running_bmc
-from tests.promstack import Server, binary, running
+from tests.promstack import Server, prometheus_with_config
 
 pytestmark = pytest.mark.servers
 
@@ -104,21 +103,7 @@ def prometheus(workdir: Path, rules: list[Path], scrape: dict[str, Any]) -> Iter
         "rule_files": [str(path) for path in rules],
         "scrape_configs": [scrape],
     }
-    config_file = workdir / "prometheus.yml"
-    config_file.write_text(yaml.safe_dump(config, sort_keys=False))
-
-    def command(port: int) -> list[str]:
-        return [
-            binary("prometheus"),
-            f"--config.file={config_file}",
-            f"--storage.tsdb.path={workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ]
-
-    def ready(url: str) -> bool:
-        return requests.get(f"{url}/-/ready", timeout=2).status_code == 200
-
-    with running("prometheus", command, workdir, ready) as server:
+    with prometheus_with_config(workdir, config) as server:
         yield server
 
 

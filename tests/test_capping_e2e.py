@@ -48,7 +48,7 @@ from llmgw_sim.demo.scale import scale_duration, scale_rules
 from tests.decider_harness import Decider
 from tests.exporter_helpers import serving_exporter
 from tests.fake_nvml.build import ensure_built
-from tests.promstack import Server, binary, metrics_target, running
+from tests.promstack import Server, metrics_target, prometheus_with_config
 
 pytestmark = pytest.mark.servers
 
@@ -266,21 +266,7 @@ def prometheus(workdir: Path, meter: str) -> Iterator[tuple[Server, Path]]:
             {"job_name": "feeds", "static_configs": [{"targets": [meter]}]},
         ],
     }
-    config_file = workdir / "prometheus.yml"
-    config_file.write_text(yaml.safe_dump(config, sort_keys=False))
-
-    def command(port: int) -> list[str]:
-        return [
-            binary("prometheus"),
-            f"--config.file={config_file}",
-            f"--storage.tsdb.path={workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ]
-
-    def ready(url: str) -> bool:
-        return requests.get(f"{url}/-/ready", timeout=2).status_code == 200
-
-    with running("prometheus", command, workdir, ready) as server:
+    with prometheus_with_config(workdir, config) as server:
         yield server, targets
 
 

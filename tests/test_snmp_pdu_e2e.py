@@ -48,7 +48,7 @@ import yaml
 
 from tests.decider_harness import Decider
 from tests.decider_harness import running as running_decider
-from tests.promstack import Server, binary, metrics_target, running
+from tests.promstack import Server, binary, metrics_target, prometheus_with_config, running
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -196,21 +196,7 @@ def prometheus(
         "rule_files": [str(path) for path in rule_files],
         "scrape_configs": scrape_configs,
     }
-    config_file = workdir / "prometheus.yml"
-    config_file.write_text(yaml.safe_dump(config, sort_keys=False))
-
-    def command(port: int) -> list[str]:
-        return [
-            binary("prometheus"),
-            f"--config.file={config_file}",
-            f"--storage.tsdb.path={workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ]
-
-    def ready(url: str) -> bool:
-        return requests.get(f"{url}/-/ready", timeout=2).status_code == 200
-
-    with running("prometheus", command, workdir, ready) as server:
+    with prometheus_with_config(workdir, config) as server:
         yield server
 
 

@@ -117,8 +117,10 @@ def run(once: bool, out: TextIO = sys.stdout) -> int:
     def stop(signum: int, frame: FrameType | None) -> None:
         raise _Stop
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGHUP, stop)
+    # SIGINT too, explicitly: a process started in the background of a script inherits
+    # SIGINT ignored, and Python then never turns Ctrl-C into KeyboardInterrupt.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, stop)
     workdir = Path(tempfile.mkdtemp(prefix="llmgw-demo-"))
     code = EXIT_INTERRUPTED
     try:
