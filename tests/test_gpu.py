@@ -209,6 +209,66 @@ def test_unsupported_or_forbidden_readings_are_absent_and_the_source_up(
     assert values(samples, "llmgw_gpu_power_limit_watts") == {"0": 700.0}
 
 
+#: Settable power limit ranges in mW, from the nvidia-smi captures of the shared fixtures
+#: (nvidia-smi/: `-q` Min/Max Power Limit): an H100 80GB HBM3 200 to 700 W, a Tesla T4
+#: (telegraf tesla-t4.xml) 60 to 70 W: its minimum is 86 % of its limit, far above the
+#: 30 % the decider guesses where no range is published.
+H100_RANGE = {"power_limit_constraints_mw": [200_000, 700_000]}
+T4_RANGE = {"power_limit_constraints_mw": [60_000, 70_000]}
+CARD_LIMITS = ("llmgw_gpu_power_limit_min_watts", "llmgw_gpu_power_limit_max_watts")
+
+
+def card_limits(samples: list[Sample]) -> dict[str, dict[str, float]]:
+    return {metric: values(samples, metric) for metric in CARD_LIMITS}
+
+
+def test_each_cards_settable_range_is_published(fake_nvml: FakeNvml, source: GpuSource):
+    config = two_gpus(fake_nvml)
+    config["devices"][0].update(H100_RANGE)
+    config["devices"][1].update(T4_RANGE)
+    fake_nvml.configure(config)
+    assert card_limits(source.poll()) == {
+        "llmgw_gpu_power_limit_min_watts": {"0": 200.0, "1": 60.0},
+        "llmgw_gpu_power_limit_max_watts": {"0": 700.0, "1": 70.0},
+    }
+
+
+def test_a_card_without_a_settable_limit_publishes_no_range_never_zero(
+    fake_nvml: FakeNvml, source: GpuSource
+):
+    """The fake's null range is NOT_SUPPORTED (a card whose limit cannot be set); a range
+    of zeros is no range either."""
+    config = two_gpus(fake_nvml)
+    config["devices"][0].update(power_limit_constraints_mw=None)
+    config["devices"][1].update(power_limit_constraints_mw=[0, 0])
+    fake_nvml.configure(config)
+    samples = source.poll()  # up: a card that cannot tell is no failure
+    assert card_limits(samples) == {metric: {} for metric in CARD_LIMITS}
+    assert values(samples, "llmgw_gpu_power_limit_watts") == {"0": 700.0, "1": 700.0}
+
+
+def test_the_range_is_read_once_per_card_and_retried_while_not_final(
+    fake_nvml: FakeNvml, source: GpuSource
+):
+    """A card's range is constant: read on the first poll, kept after. NO_PERMISSION may
+    change (a permission granted later): asked again until it answers."""
+    config = two_gpus(fake_nvml)
+    config["devices"][0].update(H100_RANGE)
+    config["devices"][1].update(T4_RANGE)
+    config["devices"][1]["errors"] = {
+        "nvmlDeviceGetPowerManagementLimitConstraints": "NO_PERMISSION"
+    }
+    fake_nvml.configure(config)
+    first = card_limits(source.poll())
+    assert first["llmgw_gpu_power_limit_min_watts"] == {"0": 200.0}
+    assert first["llmgw_gpu_power_limit_max_watts"] == {"0": 700.0}
+    # The file changed under the exporter: the H100's range was read once, the T4's now.
+    config["devices"][0].update(power_limit_constraints_mw=[100_000, 500_000])
+    del config["devices"][1]["errors"]
+    fake_nvml.configure(config)
+    assert card_limits(source.poll())["llmgw_gpu_power_limit_min_watts"] == {"0": 200.0, "1": 60.0}
+
+
 def test_impossible_temperatures_are_absent(fake_nvml: FakeNvml, source: GpuSource):
     config = fake_nvml.load_fixture("h100")
     config["devices"][0]["temperature_c"] = 255

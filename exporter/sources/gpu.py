@@ -8,6 +8,8 @@ Emits, per physical GPU (never once per MIG instance):
     llmgw_gpu_slowdown_temperature_celsius{node,gpu,uuid} 87
     llmgw_gpu_power_watts{node,gpu,uuid} 69.85
     llmgw_gpu_power_limit_watts{node,gpu,uuid} 700
+    llmgw_gpu_power_limit_min_watts{node,gpu,uuid} 200
+    llmgw_gpu_power_limit_max_watts{node,gpu,uuid} 700
     llmgw_gpu_energy_joules_total{node,gpu,uuid} 9262.491
     llmgw_gpu_throttled{node,gpu,uuid,reason="hw_thermal"} 0
     llmgw_gpu_thermally_throttled{node,gpu,uuid} 0
@@ -27,6 +29,12 @@ Missing data:
   that series is absent; the HBM temperature is read through a field value whose
   own return code must say success (unsupported cards report a garbage zero).
   Throttle reasons are published only for those the card lists as supported.
+- the card's settable power limit range (the range the capping agent checks a limit
+  against, exporter/capping.py; the decider caps no GPU below its minimum) is read once
+  per GPU: it is the card's, constant. A card that says it cannot tell (NVML "not
+  supported", "function not found") is not asked again; one without the permission is
+  asked again each poll; a range that is not one (a zero, a minimum above the maximum)
+  is absent, never published as 0.
 - one GPU failing (lost, fallen off the bus, unknown error) → its series are
   absent this poll, the other GPUs are served, and the source is reported down
   until every GPU answers again.
@@ -83,6 +91,9 @@ _UNAVAILABLE = {
     pynvml.NVML_ERROR_NOT_READY,
 }
 
+#: Of those, the answers that never change for a card: a constant asked once.
+_NEVER = {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}
+
 
 class GpuConfig(SourceConfig):
     #: Path of libnvidia-ml.so.1; default: the dynamic loader's search, as pynvml does.
@@ -123,6 +134,8 @@ class GpuSource(Source):
         self.nvml = self.nvml_handle.api
         self._clock = clock
         self._energy: dict[str, EnergyCounter] = {}  # by GPU uuid
+        #: By GPU uuid: (metric, W) of the card's settable range, read once.
+        self._card_ranges: dict[str, list[tuple[str, float]]] = {}
 
     @property
     def initialized(self) -> bool:
@@ -203,6 +216,7 @@ class GpuSource(Source):
             value = self._optional(call, handle)
             if value is not None:
                 samples.append(Sample(metric, value / 1000, labels))
+        samples += [Sample(metric, w, labels) for metric, w in self._card_range(handle, uuid)]
         energy_mj = self._optional(nvml.nvmlDeviceGetTotalEnergyConsumption, handle)
         if energy_mj is not None:
             counter = self._energy.get(uuid)
@@ -214,6 +228,37 @@ class GpuSource(Source):
             samples.append(Sample(ENERGY_METRIC, counter.total, labels))
         samples += self._throttle_reasons(handle, labels)
         return samples
+
+    def _card_range(self, handle: Any, uuid: str) -> list[tuple[str, float]]:
+        """(metric, W) of the card's settable power limit range: read the first time, kept
+        once the answer is final (a range, or "the card cannot tell")."""
+        known = self._card_ranges.get(uuid)
+        if known is not None:
+            return known
+        range_mw, final = self._constant(
+            self.nvml.nvmlDeviceGetPowerManagementLimitConstraints, handle
+        )
+        found: list[tuple[str, float]] = []
+        if range_mw is not None:
+            low_mw, high_mw = range_mw
+            if 0 < low_mw <= high_mw:  # a zero or an inverted range is no range
+                found.append(("llmgw_gpu_power_limit_min_watts", low_mw / 1000))
+                found.append(("llmgw_gpu_power_limit_max_watts", high_mw / 1000))
+        if final:
+            self._card_ranges[uuid] = found
+        return found
+
+    def _constant(self, call: Any, handle: Any) -> tuple[Any, bool]:
+        """(the answer or None, whether it is final): a card that does not support the
+        call never will; no permission or no data yet may change. Other errors propagate."""
+        try:
+            return call(handle), True
+        except self.nvml.NVMLError as exc:
+            if exc.value in _NEVER:
+                return None, True
+            if exc.value in _UNAVAILABLE:
+                return None, False
+            raise
 
     def _memory_temperature(self, handle: Any) -> float | None:
         nvml = self.nvml
