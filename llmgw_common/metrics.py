@@ -68,6 +68,18 @@ _SPECS = [
         ("gpu", "uuid"),
     ),
     MetricSpec(
+        "llmgw_gpu_power_limit_min_watts",
+        "gauge",
+        "Lowest power limit the card accepts (its settable range's minimum).",
+        ("gpu", "uuid"),
+    ),
+    MetricSpec(
+        "llmgw_gpu_power_limit_max_watts",
+        "gauge",
+        "Highest power limit the card accepts (its settable range's maximum).",
+        ("gpu", "uuid"),
+    ),
+    MetricSpec(
         "llmgw_gpu_energy_joules_total",
         "counter",
         "GPU energy consumed since the driver was loaded.",

@@ -227,10 +227,16 @@ def test_each_cards_settable_range_is_published(fake_nvml: FakeNvml, source: Gpu
     config["devices"][0].update(H100_RANGE)
     config["devices"][1].update(T4_RANGE)
     fake_nvml.configure(config)
-    assert card_limits(source.poll()) == {
+    runner = SourceRunner(source, interval=60.0)
+    runner.poll_once()
+    assert card_limits(list(runner.fresh_samples())) == {
         "llmgw_gpu_power_limit_min_watts": {"0": 200.0, "1": 60.0},
         "llmgw_gpu_power_limit_max_watts": {"0": 700.0, "1": 70.0},
     }
+    registry = CollectorRegistry()  # served: the families are declared (llmgw_common.metrics)
+    registry.register(ExporterCollector(AgentConfig(node="n1"), [runner]))
+    body = generate_latest(registry).decode()
+    assert f'llmgw_gpu_power_limit_min_watts{{gpu="1",node="n1",uuid="{SECOND}"}} 60.0' in body
 
 
 def test_a_card_without_a_settable_limit_publishes_no_range_never_zero(
