@@ -305,6 +305,7 @@ def prometheus_answers(site: Site) -> dict[str, bytes]:
         "ages": _vector([(labels(ref), age) for ref, age in ages.items()]),
         "gpus": _vector([({"node": node}, GPUS_PER_NODE) for node in site.nodes]),
         "limits": _vector([({"node": node}, GPU_LIMIT_WATTS) for node in site.nodes]),
+        "min_limits": _vector([({"node": node}, 200.0) for node in site.nodes]),  # an H100's
         "cpus": _vector([]),  # GPU replicas only: their estimate never reads the CPU model
         "profiles": _vector([]),  # placements without alternatives never read it
         "evidence": _vector([]),  # a refusal's words only: the figures change no decision

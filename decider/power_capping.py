@@ -15,9 +15,11 @@ highest that saves enough, assuming each GPU draws up to its current enforced li
 (current − L) on each GPU whose limit is above L. A GPU that draws less than its limit
 saves less: the figure is the most a cap can save, and the measured power after setting
 it is the check. Nodes whose GPU count or limit the snapshot lacks are left out and named.
-Below MIN_LIMIT_FRACTION of a GPU's current limit most cards refuse the limit (an H100 SXM
-takes 200 W of its 700 W at least): such a recommendation says that moving replicas is the
-way instead.
+Below a card's minimum limit the card refuses it: where the member nodes publish their
+cards' range (`llmgw_gpu_power_limit_min_watts`, the `min_limits` part), below the largest
+minimum they publish; where none does, below MIN_LIMIT_FRACTION of the lowest current limit
+(an H100 SXM takes 200 W of its 700 W at least; a T4 60 of 70 W: an estimate, and said to
+be one). Such a recommendation says that moving replicas is the way instead.
 
 The throughput it costs comes only from measurements: each replica reserved in the domain
 whose profile declares `tokens_per_second_at_gpu_limit` (a power-limit sweep) costs its
@@ -78,6 +80,9 @@ class Recommendation:
     gpu_limit_watts: float | None
     saving_watts: float  # at most, at that limit (GPUs drawing their current limit)
     below_card_minimum: bool
+    #: The minimum compared: the largest the nodes publish, else the estimate; and which.
+    card_minimum_watts: float | None = None
+    card_minimum_read: bool = False
     throughput: tuple[ThroughputCost, ...] = field(default=())
     reason: str = ""
 
@@ -104,6 +109,10 @@ class Recommendation:
             "gpu_limit_watts": self.gpu_limit_watts,
             "saving_watts": round(self.saving_watts, 1),
             "below_card_minimum": self.below_card_minimum,
+            "card_minimum_watts": None
+            if self.card_minimum_watts is None
+            else round(self.card_minimum_watts, 1),
+            "card_minimum_read": self.card_minimum_read,
             "throughput_cost_tokens_per_second": None
             if self.throughput_cost is None
             else round(self.throughput_cost, 1),
@@ -235,7 +244,12 @@ def recommend(view: View, ref: DomainRef) -> Recommendation | None:
     limit = limit_for(counted, reduce_watts) if counted else None
     saved = saving(counted, limit) if limit is not None else saving(counted, 0.0)
     lowest = min((limit_ for _, limit_ in counted), default=None)
-    below = limit is not None and lowest is not None and limit < MIN_LIMIT_FRACTION * lowest
+    published = view.snapshot.gpu_min_limit_watts if "min_limits" in view.fresh else {}
+    read = [published[name] for name in nodes if name in published]
+    card_minimum = max(read) if read else None
+    if card_minimum is None and lowest is not None:
+        card_minimum = MIN_LIMIT_FRACTION * lowest
+    below = limit is not None and card_minimum is not None and limit < card_minimum
     costs = _costs(view, ref, limit) if limit is not None else ()
     recommendation = Recommendation(
         domain=ref,
@@ -252,6 +266,8 @@ def recommend(view: View, ref: DomainRef) -> Recommendation | None:
         gpu_limit_watts=limit,
         saving_watts=saved,
         below_card_minimum=below,
+        card_minimum_watts=card_minimum,
+        card_minimum_read=bool(read),
         throughput=costs,
     )
     return _with_reason(recommendation)
@@ -288,7 +304,12 @@ def _with_reason(rec: Recommendation) -> Recommendation:
         f"{head}: cap its {rec.gpus} GPUs at {rec.gpu_limit_watts:g} W (now up to "
         f"{rec.current_limit_watts:g} W), saving up to {_kw(rec.saving_watts)} kW{unknown}"
     )
-    if rec.below_card_minimum:
+    if rec.below_card_minimum and rec.card_minimum_read:
+        text += (
+            f"; below the cards' minimum limit, {rec.card_minimum_watts:g} W, the cards "
+            "refuse it: move load instead"
+        )
+    elif rec.below_card_minimum:
         text += (
             f"; below {MIN_LIMIT_FRACTION:.0%} of the current limit, most cards refuse it: "
             "move load instead"

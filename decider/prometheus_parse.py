@@ -160,6 +160,7 @@ CHECKS: dict[str, Check] = {
     "hot": _any_finite,
     "gpus": _whole_count,
     "limits": _not_negative,  # watts
+    "min_limits": _not_negative,  # watts
     "profiles": _not_negative,  # tokens per joule, per second, watts, units
 }
 
@@ -224,7 +225,7 @@ def parse_part(part: str, samples: list[Sample], dropped: Dropped, pause: Pause 
     if part == "gpus":
         counts = _per_node(samples, dropped, CHECKS[part])
         return {node: int(count) for node, count in counts.items()}
-    if part == "limits":
+    if part in ("limits", "min_limits"):
         return _per_node(samples, dropped, CHECKS[part])
     if part == "profiles":
         return _profiles(samples, dropped)

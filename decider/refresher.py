@@ -83,6 +83,8 @@ QUERIES: dict[str, str] = {
     "ages": "last_over_time(llmgw_domain_reading_age_seconds[{window}])",
     "gpus": "last_over_time(llmgw:node_gpus:count[{window}])",
     "limits": "max by (node) (last_over_time(llmgw_gpu_power_limit_watts[{window}]))",
+    # The largest minimum: one cap on every GPU of a node must suit each of its cards.
+    "min_limits": "max by (node) (last_over_time(llmgw_gpu_power_limit_min_watts[{window}]))",
     # One query for the four series of a profile, told apart by a `figure` label.
     "profiles": " or ".join(
         f'label_replace(last_over_time({series}[{{window}}]), "figure", "{figure}", "", "")'
@@ -230,6 +232,7 @@ def _previous_data(previous: Snapshot, part: str) -> Any:
         "ages": previous.reading_ages,
         "gpus": previous.node_gpus,
         "limits": previous.gpu_limit_watts,
+        "min_limits": previous.gpu_min_limit_watts,
         "profiles": previous.profiles,
         "hot": previous.hot_seconds,
         "cpus": previous.cpu_models,
@@ -351,6 +354,7 @@ def refresh(
         reading_ages=MappingProxyType(dict(data["ages"])),
         node_gpus=MappingProxyType(dict(data["gpus"])),
         gpu_limit_watts=MappingProxyType(dict(data["limits"])),
+        gpu_min_limit_watts=MappingProxyType(dict(data["min_limits"])),
         profiles=MappingProxyType(dict(data["profiles"])),
         hot_seconds=MappingProxyType(dict(data["hot"])),
         cpu_models=MappingProxyType(dict(data["cpus"])),

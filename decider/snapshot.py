@@ -28,6 +28,7 @@ PARTS: dict[str, str] = {
     "ages": "domain reading ages (llmgw_domain_reading_age_seconds)",
     "gpus": "each node's GPU count (llmgw:node_gpus:count)",
     "limits": "each node's enforced GPU power limit (llmgw_gpu_power_limit_watts)",
+    "min_limits": "each node's largest GPU minimum power limit (llmgw_gpu_power_limit_min_watts)",
     "profiles": "measured tokens per joule per model and profile "
     "(llmgw:model_profile_tokens_per_joule:ratio5m)",
     "hot": "how long each hot domain has been hot (llmgw_domain_condition, for shedding)",
@@ -47,7 +48,7 @@ OPTIONAL_PARTS: dict[str, str] = {
 }
 #: Parts that describe the site's layout and hardware: they change rarely and stay usable
 #: for `staleness.inventory`; the others are readings, usable for `staleness.readings`.
-INVENTORY_PARTS = frozenset({"membership", "inventory", "gpus", "limits", "cpus"})
+INVENTORY_PARTS = frozenset({"membership", "inventory", "gpus", "limits", "min_limits", "cpus"})
 
 
 def _empty() -> Mapping:
@@ -138,7 +139,8 @@ class Snapshot:
     - `phase_measured_watts`: per (pdu name, phase) of a three-phase pdu, where a site signal
       measures the phase (read with `measured_watts`, the same part).
     - `node_gpus`: physical GPUs per node; `gpu_limit_watts`: the node's largest enforced
-      GPU power limit.
+      GPU power limit; `gpu_min_limit_watts`: the largest of its GPUs' minimum limits (the
+      lowest limit every card of the node accepts), where its exporter publishes them.
     - `profiles`: (model, profile) → its measured figures, fresh or remembered.
     - `hot_seconds`: per domain hot now, how long it has been hot (decider.shedding).
     - `cpu_models`: each node's CPU models, sorted (the watts per core of a CPU replica).
@@ -157,6 +159,7 @@ class Snapshot:
     reading_ages: Mapping[DomainRef, float] = field(default_factory=_empty)
     node_gpus: Mapping[str, int] = field(default_factory=_empty)
     gpu_limit_watts: Mapping[str, float] = field(default_factory=_empty)
+    gpu_min_limit_watts: Mapping[str, float] = field(default_factory=_empty)
     profiles: Mapping[tuple[str, str], ProfileFigures] = field(default_factory=_empty)
     #: Seconds each domain hot now has been hot without a break (decider.shedding), at most
     #: the query's lookback.

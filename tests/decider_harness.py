@@ -63,6 +63,7 @@ SERIES: dict[str, str] = {
     "ages": "llmgw_domain_reading_age_seconds",
     "gpus": "llmgw:node_gpus:count",
     "limits": "llmgw_gpu_power_limit_watts",
+    "min_limits": "llmgw_gpu_power_limit_min_watts",
     "profiles": "llmgw:model_profile_tokens_per_joule:ratio5m",
     "hot": "llmgw_domain_condition{condition='hot'} != 1)",  # its subquery's first
     "cpus": "llmgw_node_cpu_info",
@@ -109,6 +110,7 @@ class Readings:
     ages: dict[str, float] = field(default_factory=dict)
     gpus: dict[str, int] = field(default_factory=dict)
     limits: dict[str, float] = field(default_factory=dict)  # node → GPU power limit, W
+    min_limits: dict[str, float] = field(default_factory=dict)  # node → its cards' minimum, W
     #: (model, profile) → {figure: value}: tokens_per_joule, tokens_per_second, watts, units
     profiles: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     hot: dict[str, float] = field(default_factory=dict)  # domain → seconds hot (shedding)
@@ -138,7 +140,7 @@ class Readings:
         if part in ("measured", "ages", "hot"):
             values: Mapping[str, float] = getattr(self, part)
             return [(_domain_labels(key), repr(float(v))) for key, v in values.items()]
-        if part in ("gpus", "limits"):
+        if part in ("gpus", "limits", "min_limits"):
             values = getattr(self, part)
             return [({"node": node}, repr(float(v))) for node, v in values.items()]
         if part == "cpus":

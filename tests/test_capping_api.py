@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from decider.capping.driver import class_minimum
 from tests.decider_harness import Decider, FakePrometheus, Readings, metric_value, poll
 
 pytestmark = pytest.mark.servers
@@ -275,3 +276,50 @@ def test_before_it_knows_the_membership_the_decider_answers_503(tmp_path: Path):
     finally:
         decider.close()
         fake.close()
+
+
+def test_a_class_is_never_capped_below_its_cards_published_minimum(site):
+    """n1 and n2 (batch) publish a card minimum of 420 W, 60 % of their 700 W limit (an A100
+    PCIe's is 150 of 250 W, a T4's 60 of 70 W): step 1 would take batch to 312 W, which those
+    cards refuse, so the ladder stops at 420 W. n3 and n4 publish none: their class's minimum
+    is the estimate, 30 % of 700 W, and the API says it is one."""
+    fake, decider = site
+    fake.readings.min_limits = {"n1": 420.0, "n2": 420.0}
+
+    def classes(entry: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        return {group["class"]: group for group in entry["classes"]}
+
+    entry = wait_rack(
+        decider,
+        lambda e: classes(e).get("batch", {}).get("min_limit_watts") == 420.0,
+        "the batch cards' minimum read",
+    )
+    batch, interactive = classes(entry)["batch"], classes(entry)["interactive"]
+    assert batch["min_limit_from"] == (
+        "read: the cards' minimum limit (llmgw_gpu_power_limit_min_watts)"
+    )
+    assert interactive["min_limit_watts"] == 210.0
+    assert interactive["min_limit_from"] == (
+        "estimated: 30% of the GPU limit (no card minimum published)"
+    )
+
+    set_power(fake, 8300.0)
+    entry = wait_rack(decider, lambda e: e["step"] == 1, "step 1")
+    assert entry["caps"] == {"batch": 420.0}
+    assert lease(decider, "n1")["gpu_limit_watts"] == 420.0
+    set_power(fake, 8800.0)  # step 2 spreads the rest over interactive: batch stays at 420 W
+    entry = wait_rack(decider, lambda e: e["step"] == 2, "step 2")
+    assert entry["caps"]["batch"] == 420.0 and entry["caps"]["interactive"] < 700.0
+    assert lease(decider, "n2")["gpu_limit_watts"] == 420.0
+
+
+def test_a_class_minimum_read_on_some_nodes_and_estimated_on_others_is_the_larger():
+    read_one = [(4, 700.0, 200.0), (4, 700.0, None)]  # an H100 read, one of an older exporter
+    assert class_minimum(read_one) == (
+        210.0,
+        "estimated: the cards' minimum read on 1 of 2 nodes, 30% of the GPU limit (no card "
+        "minimum published) on the other 1",
+    )
+    t4_beside = [(4, 70.0, 60.0), (4, 700.0, None)]  # a T4 node's 60 W is below 210 W too
+    assert class_minimum(t4_beside)[0] == 210.0
+    assert class_minimum([(4, 700.0, 420.0), (4, 700.0, None)])[1].startswith("read: ")

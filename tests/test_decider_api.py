@@ -645,6 +645,7 @@ def test_readyz_with_prometheus_down(make, fake):
     assert body["ready"] is True
     assert body["prometheus_up"] is False
     every_part = ["membership", "inventory", "measured", "conditions", "ages", "gpus", "limits"]
+    every_part += ["min_limits"]
     every_part += ["profiles", "hot", "cpus", "evidence"]
     assert list(PARTS) == every_part
     assert len(body["missing"]) == len(every_part)

@@ -63,6 +63,7 @@ SERIES = {
     "ages": "llmgw_domain_reading_age_seconds",
     "gpus": "llmgw:node_gpus:count",
     "limits": "llmgw_gpu_power_limit_watts",
+    "min_limits": "llmgw_gpu_power_limit_min_watts",
     "profiles": "llmgw:model_profile_tokens_per_joule:ratio5m",
     "hot": "llmgw_domain_condition{condition='hot'} != 1)",  # its subquery's first
     "cpus": "llmgw_node_cpu_info",
@@ -246,6 +247,8 @@ def good_answers(watts: float = 5400.0) -> dict[str, Reply]:
         SERIES["ages"]: vector((domain("rack", "r1"), "3.5"), (domain("row", "12"), "40")),
         SERIES["gpus"]: vector(({"node": "n1"}, "8"), ({"node": "n2"}, "4")),
         SERIES["limits"]: vector(({"node": "n1"}, "700"), ({"node": "n2"}, "350")),
+        # n2's exporter publishes no range (an older one, or a card that cannot tell).
+        SERIES["min_limits"]: vector(({"node": "n1"}, "200")),
         SERIES["profiles"]: vector(
             (profile("llama-70b", "tp4", "tokens_per_joule"), "2.86"),
             (profile("llama-70b", "tp4", "tokens_per_second"), "900"),
@@ -286,6 +289,7 @@ def assert_good(snapshot: Snapshot, watts: float = 5400.0) -> None:
     assert snapshot.node_gpus == {"n1": 8, "n2": 4}
     assert all(type(count) is int for count in snapshot.node_gpus.values())
     assert snapshot.gpu_limit_watts == {"n1": 700.0, "n2": 350.0}
+    assert snapshot.gpu_min_limit_watts == {"n1": 200.0}
     read_at = snapshot.parts["profiles"].read_at
     assert read_at is not None
     assert snapshot.profiles == {
@@ -308,7 +312,8 @@ def good_baseline(fake: FakePrometheus, reader: PrometheusReader) -> Snapshot:
 
 def same_data(snapshot: Snapshot, other: Snapshot) -> bool:
     names = ("membership", "domains", "measured_watts", "conditions", "reading_ages")
-    names += ("node_gpus", "gpu_limit_watts", "profiles", "hot_seconds", "evidence")
+    names += ("node_gpus", "gpu_limit_watts", "gpu_min_limit_watts", "profiles", "hot_seconds")
+    names += ("evidence",)
     names += ("cpu_models",)
     return all(getattr(snapshot, name) == getattr(other, name) for name in names)
 
@@ -827,7 +832,7 @@ def test_a_down_prometheus_leaves_the_last_snapshot_serving_and_ageing(fake, cap
         assert same_data(down, good)
         assert down.age_seconds(now[0]) == 100 * step
     fresh, missing = down.fresh_parts(now[0], readings_limit=120, inventory_limit=3600)
-    assert fresh == {"membership", "inventory", "gpus", "limits", "cpus"}
+    assert fresh == {"membership", "inventory", "gpus", "limits", "min_limits", "cpus"}
     missing = tuple(line for line in missing if "left out" not in line)  # membership's note
     assert len(missing) == len(PARTS) - len(INVENTORY_PARTS) and all(
         "HTTP error" in line for line in missing

@@ -36,6 +36,7 @@ def make_view(
     measured: Mapping[DomainRef, float] | None = None,
     conditions: Mapping[DomainRef, str] | None = None,
     reservations: Iterable[Reservation] = (),
+    min_limits: Mapping[str, float] | None = None,
 ) -> View:
     facility = Facility.model_validate(
         {
@@ -54,6 +55,7 @@ def make_view(
         conditions=dict(conditions or {}),  # type: ignore[arg-type]
         node_gpus=dict(gpus),
         gpu_limit_watts=dict(limits),
+        gpu_min_limit_watts=dict(min_limits or {}),
         parts={name: Part(NOW) for name in PARTS},
         prometheus_up=True,
     )
@@ -188,6 +190,31 @@ def test_a_limit_below_what_cards_take_says_so():
     assert rec.why == ("over_budget", "hot") and rec.target_watts == 14_400.0
     assert rec.gpu_limit_watts == 0.0 and rec.below_card_minimum
     assert "most cards refuse it: move load instead" in rec.reason
+
+
+def test_a_limit_below_the_cards_published_minimum_says_so():
+    # Over budget: 20 000 W measured, cap 20 000 x (1 - 0.1): 2 000 W off 8 GPUs at 700 W:
+    # 450 W. Above 30 % of 700 W (210 W), but n1's cards publish a minimum of 600 W (a T4's
+    # is 86 % of its limit): they would refuse it.
+    args: dict[str, Any] = {
+        "domains": {"rack/r1": {"cap_watts": 20_000}},
+        "membership": {"n1": [R1], "n2": [R1]},
+        "gpus": {"n1": 8, "n2": 0},
+        "limits": {"n1": 700.0, "n2": 700.0},
+        "measured": {R1: 20_000.0},
+    }
+    rec = recommend(make_view(**args, min_limits={"n1": 600.0}), R1)
+    assert rec is not None and rec.gpu_limit_watts == 450.0
+    body = rec.as_json()
+    assert body["below_card_minimum"] and body["card_minimum_read"]
+    assert body["card_minimum_watts"] == 600.0
+    assert rec.reason.endswith(
+        "below the cards' minimum limit, 600 W, the cards refuse it: move load instead; "
+        "throughput cost unknown: no replica reserved in it"
+    )
+    estimated = recommend(make_view(**args), R1)  # none published: the 30 % estimate passes it
+    assert estimated is not None and not estimated.below_card_minimum
+    assert (estimated.card_minimum_watts, estimated.card_minimum_read) == (210.0, False)
 
 
 def test_a_domain_within_budget_and_ok_needs_nothing():

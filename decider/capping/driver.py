@@ -13,11 +13,17 @@ At each refresh, per oversubscribed domain:
   listed class (`Facility.class_rank`, as shedding ranks them): capped first;
 - **each GPU's uncapped limit**: the enforced limit Prometheus reads (`limits` part), taken
   as the node's uncapped limit once the node has gone a whole lease without a cap from the
-  decider (a capped card reads its cap); until then the largest read. **The card's
-  minimum** is not published: `MIN_LIMIT_FRACTION` (decider.facility) of the uncapped
-  limit stands in for it, and `oversubscription.ladder.floor_gpu_watts` raises it (set it
-  to the largest minimum among the site's cards: the agent refuses a limit below the
-  card's range);
+  decider (a capped card reads its cap); until then the largest read. Not the card's
+  default limit (`nvmlDeviceGetPowerManagementDefaultLimit`): an operator's own lower
+  limit (`nvidia-smi -pl`) is what the card draws up to, and a lease is never above the
+  node's uncapped limit, so taking the default would let a cap raise such a limit;
+- **each class's minimum**: the largest of its nodes' minimums, each node's being the
+  largest minimum of its GPUs (`llmgw_gpu_power_limit_min_watts`, `min_limits` part: the
+  agent refuses a limit below the card's range, so a cap below it would leave the domain
+  above what the ladder counted on), or, for a node whose exporter publishes none,
+  `MIN_LIMIT_FRACTION` (decider.facility) of its uncapped limit, an estimate below the
+  real minimum of some cards (a T4's is 86 % of its limit, an A10G's 33 %); the API says
+  which (`min_limit_from`). `oversubscription.ladder.floor_gpu_watts` raises it;
 - **what besides the GPUs**: `other_watts` plus `node_share_watts` per member node, the
   estimates' share (decider.placement.estimate);
 - a **lost feed** (decider.capping.feeds).
@@ -73,6 +79,8 @@ class DomainCapping:
     groups: tuple[ClassGpus, ...]
     node_class: Mapping[str, str]  # member node -> its class key in `groups`
     node_limit: Mapping[str, float]  # member node -> its GPUs' uncapped limit
+    #: class key -> where its min_limit_watts comes from, in words (read or estimated)
+    min_limit_from: Mapping[str, str]
     unknown_nodes: tuple[str, ...]  # members left out: GPU count or limit unknown
     safe_gpu_limit_watts: float
     safe_reason: str
@@ -106,6 +114,7 @@ class DomainCapping:
                     "gpus": group.gpus,
                     "limit_watts": group.limit_watts,
                     "min_limit_watts": group.min_limit_watts,
+                    "min_limit_from": self.min_limit_from.get(group.klass),
                     "cap_watts": state.caps.get(group.klass),
                 }
                 for group in sorted(self.groups, key=lambda each: (each.rank, each.klass))
@@ -148,6 +157,29 @@ class Lease:
         }
 
 
+def class_minimum(nodes: list[tuple[int, float, float | None]]) -> tuple[float, str]:
+    """The lowest per-GPU limit every card of a class takes, from its nodes' (GPUs, uncapped
+    limit, minimum read or None), and where it comes from: the largest of the minimums,
+    each node's read, else MIN_LIMIT_FRACTION of its limit (rounded up to a whole watt)."""
+    read = [minimum for _, _, minimum in nodes if minimum is not None]
+    guessed = [
+        float(math.ceil(MIN_LIMIT_FRACTION * limit))
+        for _, limit, minimum in nodes
+        if minimum is None
+    ]
+    largest = max([*read, *guessed])
+    estimate = f"{MIN_LIMIT_FRACTION:.0%} of the GPU limit (no card minimum published)"
+    if not read:
+        return largest, f"estimated: {estimate}"
+    if not guessed:
+        return largest, "read: the cards' minimum limit (llmgw_gpu_power_limit_min_watts)"
+    which = "read" if largest in read else "estimated"
+    return largest, (
+        f"{which}: the cards' minimum read on {len(read)} of {len(nodes)} nodes, "
+        f"{estimate} on the other {len(guessed)}"
+    )
+
+
 class NotYetKnown(Exception):
     """The decider has not yet seen which domains the nodes are in (no refresh with a fresh
     membership since it started): it can say neither a lease nor that there is none."""
@@ -161,6 +193,8 @@ class _Memory:
     domains: dict[DomainRef, DomainCapping] = field(default_factory=dict)
     #: node -> its GPUs' uncapped limit, and when it last had a cap from the decider.
     uncapped: dict[str, float] = field(default_factory=dict)
+    #: node -> the largest minimum limit of its GPUs, as last read (a card's, constant).
+    minimum: dict[str, float] = field(default_factory=dict)
     capped_at: dict[str, float] = field(default_factory=dict)
     lease_seconds: float = 60.0
     known: bool = False  # a refresh with a fresh membership has run
@@ -193,6 +227,8 @@ class Capper:
             memory = self._memory
             memory.lease_seconds = facility.oversubscription.lease  # one float: atomic
             classes = self._node_classes(view)
+            if "min_limits" in view.fresh:
+                memory.minimum.update(view.snapshot.gpu_min_limit_watts)
             found: dict[DomainRef, DomainCapping] = {}
             for ref in refs:
                 found[ref] = self._domain(view, ref, now, classes)
@@ -249,7 +285,7 @@ class Capper:
             blind = "no fresh membership: the ladder holds its step, leases their safe limits"
         gpus_of = view.snapshot.node_gpus if "gpus" in view.fresh else {}
         limits_read = view.snapshot.gpu_limit_watts if "limits" in view.fresh else {}
-        by_class: dict[str, list[tuple[int, float]]] = {}
+        by_class: dict[str, list[tuple[int, float, float | None]]] = {}
         ranks: dict[str, int] = {}
         node_class: dict[str, str] = {}
         node_limit: dict[str, float] = {}
@@ -266,16 +302,17 @@ class Capper:
                 continue
             node_limit[node] = limit
             if gpus > 0:
-                by_class.setdefault(key, []).append((gpus, limit))
+                by_class.setdefault(key, []).append((gpus, limit, self._memory.minimum.get(node)))
                 ranks[key] = rank
         floor = settings.floor_gpu_watts
+        minimums = {key: class_minimum(nodes) for key, nodes in by_class.items()}
         groups = tuple(
             ClassGpus(
                 klass=key,
                 rank=ranks[key],
-                gpus=sum(gpus for gpus, _ in nodes),
-                limit_watts=max(limit for _, limit in nodes),
-                min_limit_watts=float(math.ceil(MIN_LIMIT_FRACTION * max(lim for _, lim in nodes))),
+                gpus=sum(gpus for gpus, _, _ in nodes),
+                limit_watts=max(limit for _, limit, _ in nodes),
+                min_limit_watts=minimums[key][0],
             )
             for key, nodes in sorted(by_class.items())
         )
@@ -318,6 +355,7 @@ class Capper:
             groups=groups,
             node_class=node_class,
             node_limit=node_limit,
+            min_limit_from={key: words for key, (_, words) in minimums.items()},
             unknown_nodes=tuple(unknown),
             safe_gpu_limit_watts=safe,
             safe_reason=safe_reason,
