@@ -442,6 +442,17 @@ def test_the_ladder_caps_releases_and_the_agents_fall_to_the_safe_limit(site: Si
     budget = rack["budget_watts"]
     assert budget == pytest.approx(RATING_W * DERATING)
     assert rack["step"] == 0, rack
+    # Each card's minimum came the whole way (NVML's range, the exporter, Prometheus, the
+    # decider's min_limits part): 200 W read, not the estimate, 30 % of 700 W = 210 W.
+    rack = site.wait(
+        lambda: (
+            (r := site.rack())
+            and all(c["min_limit_from"].startswith("read: ") for c in r["classes"])
+            and r
+        ),
+        "the cards' minimum read",
+    )
+    assert {c["min_limit_watts"] for c in rack["classes"]} == {200.0}, rack
     gpus = GPUS_PER_NODE * len(NODES)
     # Past the first threshold, short of the second: the other class at its limit (so the
     # capped power stays above the release line: no release while the load lasts), the
