@@ -39,6 +39,7 @@ from decider.models import Replica
 from decider.placement.predicted_peak import (
     NewReplica,
     ReservedFigures,
+    first_on_node,
     predicted_peak_fits,
     prediction,
 )
@@ -220,6 +221,39 @@ def test_a_burst_of_reservations_counts_each_at_its_peak_not_on_the_old_p99(
 
 
 @servers
+def test_a_replica_on_a_node_with_no_reservation_counts_the_rest_of_its_host(
+    site: Decider,
+) -> None:
+    # The node's first replica brings up its host (docs/oversubscription-week.md: a rack
+    # admitted a 1-GPU replica onto an empty node at its share of the host alone and sat
+    # capped most of the week). 14 reservations on o4 and o5, each unseen at its 300 W peak:
+    # 4.0 + 4.2 = 8.2 kW. One more fits o4 at 0.3 kW (8.5 of the 8.55 kW line), not the empty
+    # o6 at 0.3 + 350 x 7/8 W of the node share (8.8 kW).
+    made: list[str] = []
+    try:
+        for index in range(14):
+            rid = f"host-{index}"
+            answer = site.reserve(rid, NODES["over"][3 + index % 2], ONE_GPU)
+            assert answer.status_code == 201, answer.text
+            made.append(rid)
+        answer = site.place(ONE_GPU, ["o6", "o4"])
+        assert answer["order"] == ["o4"], answer
+        assert refusals(answer) == {
+            "o6": [
+                "rack over: predicted peak 8.2 kW (p99 over 1.0 h of history 4.0 kW + 14 "
+                "reservation(s) not yet measured 4.2 kW) + replica's peak ~0.6 kW (measured "
+                "p99 of m/tp1 + 0.3 kW, the rest of the node share of a node with no "
+                "reservation yet) = 8.8 kW, past the ladder's first threshold 0.95 of its limit "
+                "9.0 kW (cap 10.0, margin 10%)"
+            ],
+            "o4": [],
+        }
+    finally:
+        for rid in made:
+            site.delete(f"/v1/reservations/{rid}")
+
+
+@servers
 def test_the_safe_cap_bound_refuses_what_the_ladder_could_not_bring_back(site: Decider) -> None:
     # 8-GPU replicas: 5,950 W estimated (350 W no cap lowers), 1,000 W at their measured peak.
     # The k-th fits the predicted peak, 3 kW measured now (above the 1 kW p99) + k kW, up to
@@ -380,6 +414,20 @@ def test_a_replica_past_the_predicted_peak_is_refused_for_it() -> None:
         9_000.0, 500.0, 7_000.0, 501.0, 8, 400.0, 210.0, replica, first_threshold=1.0
     )
     assert past.refused == "peak"
+
+
+def test_the_first_replica_on_a_node_counts_the_rest_of_the_node_share() -> None:
+    """Its peak counts its own GPUs' share of the host; on a node with no reservation the
+    whole host comes up with it (where nodes with no replica are off)."""
+    assert first_on_node(300.0, "estimate", 2, 8, 0, 1_200.0) == (
+        1_200.0,
+        "estimate + 0.9 kW, the rest of the node share of a node with no reservation yet",
+    )
+    assert first_on_node(300.0, "estimate", 2, 8, 1, 1_200.0) == (300.0, "estimate")
+    assert first_on_node(300.0, "estimate", 8, 8, 0, 1_200.0) == (300.0, "estimate")
+    # GPUs unknown: the estimate took the whole share already (decider.placement.estimate).
+    assert first_on_node(300.0, "estimate", 2, None, 0, 1_200.0) == (300.0, "estimate")
+    assert first_on_node(300.0, "estimate", 2, 8, 0, 0.0) == (300.0, "estimate")
 
 
 @pytest.mark.parametrize(

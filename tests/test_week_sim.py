@@ -4,8 +4,9 @@ The heavy day: a quiet spell (demand x 0.4) for the first 6 hours, in which the
 oversubscribed policy learns a low percentile and admits against it, then a ramp to twice
 the traffic from hour 7 to 8, held to hour 11. With the ladder the oversubscribed site
 stays under its ratings and each excursion above rating x derating ends within the
-reaction time; without it the same site stays above rating x derating for hours, so the
-ladder is what keeps it safe.
+reaction time; without it the same site passes rating x derating again and again through
+the heavy hours (78 times, 2,610 s in all, in the run of 2026-12-04), so the ladder is
+what keeps it safe.
 """
 
 from __future__ import annotations
@@ -94,10 +95,17 @@ def test_the_ladder_is_what_keeps_the_heavy_day_within_its_ratings(
     today = heavy["today"].replicas_total
     assert without.replicas_total > today and with_ladder.replicas_total > today
 
-    def longest(result: WeekResult) -> float:
-        return max((e for s in result.stats for e in s.events_above_cap), default=0.0)
+    def events(result: WeekResult) -> list[float]:
+        return [e for s in result.stats for e in s.events_above_cap]
 
-    assert longest(without) > 10 * reaction, "the heavy day is not heavy: nothing to show"
+    def longest(result: WeekResult) -> float:
+        return max(events(result), default=0.0)
+
+    # Admission counts a powered-on node's host (predicted_peak.first_on_node), so the
+    # doubled demand takes the site past its cap in bursts of a minute or so, not for hours:
+    # many of them, and in all far longer than the reaction time.
+    assert len(events(without)) > 10, "the heavy day is not heavy: nothing to show"
+    assert sum(events(without)) > 10 * reaction, "the heavy day is not heavy: nothing to show"
     assert sum(s.seconds_above_rating for s in with_ladder.stats) == 0.0
     # admitting to the ladder's first threshold, the heavy day may pass rating x derating
     # for no 5-s step at all; where it does, within the reaction time

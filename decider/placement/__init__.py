@@ -204,6 +204,9 @@ def _predicted_refusals(
     peak, peak_from = predicted_peak.replica_peak(
         replica.model, replica.profile, guess.watts, units, settings
     )
+    peak, peak_from = predicted_peak.first_on_node(
+        peak, peak_from, replica.gpus, node.gpus, node.reserved_gpus, view.facility.node_share_watts
+    )
     limit = node.gpu_limit_watts if node.gpu_limit_watts is not None else site_limit
     if limit is None:
         limit = view.facility.fallback_gpu_watts

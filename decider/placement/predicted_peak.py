@@ -16,7 +16,9 @@ reserved and measured), and the domain's answers say why. On the predicted basis
   one refresh counts whole, each at its peak, and never passes on an old quantile.
 - **A replica's peak**: its model profile's measured peak per replica, the largest of its
   units' power at `percentile` over `window` (llmgw:unit_power_watts), where Prometheus has
-  one; else its estimate (decider.placement.estimate), as today.
+  one; else its estimate (decider.placement.estimate), as today. On a node that holds no
+  reservation yet, plus the rest of the node's share (`first_on_node`): its host comes up
+  with it.
 - **Admitted** while predicted peak + the replica's peak ≤ the ladder's first line,
   `ladder.first_threshold` × the domain's limit, cap × (1 − margin)
   (decider.facility.limit_watts, as every rule): admitting to the limit itself would fill
@@ -235,6 +237,34 @@ def replica_peak(
     if measured is not None:
         return measured, f"measured p{_pct(settings.percentile)} of {model}/{profile}"
     return estimate_watts, "estimate"
+
+
+def first_on_node(
+    peak_watts: float,
+    peak_from: str,
+    replica_gpus: int,
+    node_gpus: int | None,
+    node_reserved_gpus: int,
+    node_share_watts: float,
+) -> tuple[float, str]:
+    """A replica's peak on a node that holds no reservation yet: its peak plus the rest of
+    the node's share (`node_share_watts` x the node's other GPUs / its GPUs), and where the
+    figure comes from. Its peak counts its own GPUs' share of the host; the node's first
+    replica brings up the whole host where a node with no replica is off, and that is in no
+    measurement yet (docs/oversubscription-week.md: a rack admitted a 1-GPU replica onto an
+    empty node at its 0.84 kW, the node then drew up to 2.1 kW, and the rack sat capped 80 %
+    of the rest of the week). Where the node idles powered, its host is in the measurement
+    already and this counts it twice: the safe side, once per node. A node whose GPUs are
+    unknown: unchanged (its estimate takes the whole share then, decider.placement.estimate)."""
+    if node_reserved_gpus > 0 or node_gpus is None or node_gpus <= 0:
+        return peak_watts, peak_from
+    rest = node_share_watts * max(0, node_gpus - replica_gpus) / node_gpus
+    if rest <= 0:
+        return peak_watts, peak_from
+    return peak_watts + rest, (
+        f"{peak_from} + {rest / 1000:.1f} kW, the rest of the node share of a node with no "
+        "reservation yet"
+    )
 
 
 def non_gpu_watts(estimate_watts: float, gpus: int, gpu_limit_watts: float | None) -> float:

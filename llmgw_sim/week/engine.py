@@ -24,7 +24,10 @@ card's minimum; with less history, or a domain whose ladder was capped for more 
 (1 - percentile) of the window's samples (the capped guard, `predicted_peak.capped_guard`,
 fed the share of the 30-s samples at step 1 or 2, as the decider reads it from
 llmgw_decider_capping_step), today's rule. In both, a domain the ladder has capped admits
-nothing (as a domain over its cap admits nothing today). `WeekConfig.capped_guard` and
+nothing (as a domain over its cap admits nothing today). A replica on a node with no
+replica yet counts the rest of the node share on top of its peak (`predicted_peak.
+first_on_node`, as the decider's placement does): a node with no replica is off here, and
+its host comes up with its first. `WeekConfig.capped_guard`, `first_host` and
 `admit_to_limit` turn parts of the rule off: the variants of docs/oversubscription-week.md.
 
 **The ladder** is helper B's pure `decider.capping.ladder.advance`, fed as the decider's
@@ -57,6 +60,7 @@ from decider.facility import Facility
 from decider.placement.predicted_peak import (
     NewReplica,
     capped_guard,
+    first_on_node,
     min_gpu_limit,
     predicted_peak_fits,
 )
@@ -121,6 +125,10 @@ class WeekConfig:
     capped_guard: bool = True
     """The decider's capped guard (decider.placement.predicted_peak.capped_guard); False:
     admit on a percentile the caps held down (the rule before, a variant)."""
+    first_host: bool = True
+    """Count the rest of the node share for a replica on a node with no replica yet
+    (`predicted_peak.first_on_node`); False: its own GPUs' share alone (the rule before, a
+    variant)."""
     admit_to_limit: bool = False
     """Admit up to the budget itself, not to the ladder's first threshold of it (the rule
     before, a variant)."""
@@ -333,18 +341,30 @@ class Week:
         return load <= self.budget[domain]
 
     def _predicted_fits(
-        self, domain: int, model: int, measured_peak: np.ndarray, now: float
+        self, domain: int, model: int, measured_peak: np.ndarray, now: float, node: int
     ) -> bool:
         """Helper A's rule (decider.placement.predicted_peak.predicted_peak_fits), fed the
         figures the decider would read: the measured quantile and power now, the peaks of the
         replicas confirmed less than min_history ago, the reservations' GPUs and non-GPU
-        estimates."""
+        estimates; the new replica's peak on `node` as the decider's placement counts it
+        (`first_on_node`: the rest of the node share where the node has no replica yet)."""
         unseen = sum(
             self._peak(m)
             for m, admitted, d in self._members(domain)
             if now - admitted < self.settings.min_history
         )
         spec = MODELS[model]
+        peak = self._peak(model)
+        if self.config.first_host:
+            reserved_on_node = self.spec.gpus_per_node - int(self.free_gpus[node])
+            peak, _ = first_on_node(
+                peak,
+                "measured",
+                spec.gpus,
+                self.spec.gpus_per_node,
+                reserved_on_node,
+                self.spec.node_share_watts,
+            )
         fit = predicted_peak_fits(
             limit_watts=float(self.budget[domain]),
             other_watts=self.domains[domain].other_watts,
@@ -354,7 +374,7 @@ class Week:
             reserved_non_gpu_watts=float(self.reserved_non_gpu[domain]),
             min_gpu_limit_watts=self.min_gpu_limit,
             replica=NewReplica(
-                peak_watts=self._peak(model),
+                peak_watts=peak,
                 gpus=spec.gpus,
                 non_gpu_watts=self._estimate(model) - spec.gpus * H100.power_limit_watts,
                 peak_from="measured",
@@ -414,7 +434,7 @@ class Week:
                     if any(d in full for d in doms):
                         continue
                     ok = all(
-                        self._predicted_fits(d, model, measured_peak, now)
+                        self._predicted_fits(d, model, measured_peak, now, node)
                         if predicted and d not in guarded
                         else self._today_fits(d, model, measured_nodes)
                         for d in doms
@@ -698,8 +718,9 @@ DECIDER = "oversubscription (the decider's rule)"
 #: is, each a change of the run's configuration (docs/oversubscription-week.md).
 VARIANTS: dict[str, Callable[[WeekConfig], WeekConfig]] = {
     "without the capped guard": lambda config: replace(config, capped_guard=False),
+    "without the first replica's host": lambda config: replace(config, first_host=False),
     "the rule before: to the limit, 0.90/0.97, no guard": lambda config: replace(
-        _thresholds(config, 0.90, 0.97), capped_guard=False, admit_to_limit=True
+        _thresholds(config, 0.90, 0.97), capped_guard=False, admit_to_limit=True, first_host=False
     ),
 }
 
