@@ -396,10 +396,16 @@ def test_a_restart_without_the_decider_applies_the_saved_safe_cap(tmp_path: Path
     # The decider is gone; the driver still holds 410 W; a new exporter process starts.
     assert node.card_limits_w() == dict.fromkeys(UUIDS, 410.0)
     with exporter(node, "restarted.log") as running:
-        metrics = wait_for(
-            running, safe_at(450.0), "the saved lease's safe cap", watch=never_uncapped
+        # The safe cap is applied before the first lease is asked for, so a scrape may see it
+        # before the decider's failure: wait for both.
+        wait_for(
+            running,
+            lambda m: (
+                safe_at(450.0)(m) and value(m, "llmgw_capping_agent_failing", reason="decider") == 1
+            ),
+            "the saved lease's safe cap, and the decider's failure",
+            watch=never_uncapped,
         )
-        assert value(metrics, "llmgw_capping_agent_failing", reason="decider") == 1
         assert node.card_limits_w() == dict.fromkeys(UUIDS, 450.0)
         assert "at start before the first lease" in running.log_text()
 
