@@ -20,6 +20,7 @@ oversubscription:
     release_margin: 0.04
     hold: 15m
     floor_gpu_watts: 250
+    admission_headroom: 0.05
   lease: 90s
 domains:
   rack/r1:
@@ -44,7 +45,9 @@ def test_a_good_section_loads_as_written(tmp_path):
         release_margin=0.04,
         hold=900.0,
         floor_gpu_watts=250.0,
+        admission_headroom=0.05,
     )
+    assert settings.ladder.admit_to == pytest.approx(0.80)
     assert facility.domains["rack/r1"].oversubscribe is True
     assert facility.domains["rack/r2"].oversubscribe is False
 
@@ -61,12 +64,14 @@ def test_off_by_default_with_the_documented_settings(tmp_path):
         60.0,
     )
     assert settings.ladder == Ladder(
-        first_threshold=0.95,
+        first_threshold=0.97,
         second_threshold=0.99,
         release_margin=0.05,
         hold=600.0,
         floor_gpu_watts=None,
+        admission_headroom=0.02,
     )
+    assert settings.ladder.admit_to == 0.95
 
 
 @pytest.mark.parametrize(
@@ -130,6 +135,17 @@ def test_off_by_default_with_the_documented_settings(tmp_path):
             "  ladder: {floor_gpu_watts: 60000}",
             3,
             "oversubscription.ladder.floor_gpu_watts: Input should be less",
+        ),
+        (
+            "  ladder: {admission_headroom: -0.01}",
+            3,
+            "oversubscription.ladder.admission_headroom: Input should be greater",
+        ),
+        (
+            "  ladder: {first_threshold: 0.4, second_threshold: 0.6, admission_headroom: 0.4}",
+            3,
+            "oversubscription.ladder: Value error, admission_headroom 0.4 must be below "
+            "first_threshold 0.4: admission would fill nothing",
         ),
         ("  capping: on", 3, "oversubscription.capping: Extra inputs are not permitted"),
     ],

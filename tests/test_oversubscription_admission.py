@@ -143,7 +143,7 @@ def test_today_refuses_where_the_opted_in_domain_admits_on_its_p99(site: Decider
         "unseen_reservations": 0,
         "unseen_watts": 0,
         "predicted_watts": 4_000,
-        "admit_to_watts": 8_550,  # the ladder's first threshold, 0.95 of the 9 kW limit
+        "admit_to_watts": 8_550,  # the admission line, 0.97 - 0.02 of the 9 kW limit
         "capped_share": 0,
         "reserved_gpus": 12,
         # (9,000 W - 12 x 43.75 W of node share) / 12 GPUs
@@ -194,7 +194,8 @@ def test_a_burst_of_reservations_counts_each_at_its_peak_not_on_the_old_p99(
 ) -> None:
     # Each new reservation is not yet in the measurements: it counts on top at its peak,
     # 300 W (measured p99 of m/tp1). 4.0 kW + 15 x 0.3 = 8.5 kW; a 16th is past 8.55 kW,
-    # the ladder's first threshold (0.95) of the 9.0 kW limit. On the old p99 alone every
+    # the admission line (0.95: the first threshold 0.97 less the headroom 0.02) of the 9.0
+    # kW limit. On the old p99 alone every
     # one would pass (4.0 + 0.3 kW).
     made: list[str] = []
     try:
@@ -210,7 +211,7 @@ def test_a_burst_of_reservations_counts_each_at_its_peak_not_on_the_old_p99(
         assert answer.json()["reasons"] == [
             "rack over: predicted peak 8.5 kW (p99 over 1.0 h of history 4.0 kW + 15 "
             "reservation(s) not yet measured 4.5 kW) + replica's peak ~0.3 kW (measured p99 "
-            "of m/tp1) = 8.8 kW, past the ladder's first threshold 0.95 of its limit 9.0 kW "
+            "of m/tp1) = 8.8 kW, past its admission line 0.95 of its limit 9.0 kW "
             "(cap 10.0, margin 10%)"
         ]
         admission = site.domain("rack/over")["admission"]
@@ -243,7 +244,7 @@ def test_a_replica_on_a_node_with_no_reservation_counts_the_rest_of_its_host(
                 "rack over: predicted peak 8.2 kW (p99 over 1.0 h of history 4.0 kW + 14 "
                 "reservation(s) not yet measured 4.2 kW) + replica's peak ~0.6 kW (measured "
                 "p99 of m/tp1 + 0.3 kW, the rest of the node share of a node with no "
-                "reservation yet) = 8.8 kW, past the ladder's first threshold 0.95 of its limit "
+                "reservation yet) = 8.8 kW, past its admission line 0.95 of its limit "
                 "9.0 kW (cap 10.0, margin 10%)"
             ],
             "o4": [],
@@ -271,8 +272,8 @@ def test_the_safe_cap_bound_refuses_what_the_ladder_could_not_bring_back(site: D
         assert refused.status_code == 409, refused.text
         (reason,) = refused.json()["reasons"]
         assert reason == (
-            "rack tight: predicted peak 8.0 kW with the replica fits the ladder's first "
-            "threshold 0.95 of its limit 9.0 kW (cap 10.0, margin 10%), but the capping ladder "
+            "rack tight: predicted peak 8.0 kW with the replica fits its admission line "
+            "0.95 of its limit 9.0 kW (cap 10.0, margin 10%), but the capping ladder "
             "could not bring it back at the estimates: (9.0 kW budget - 1.8 kW besides GPUs) "
             "/ 40 GPUs = 181 W, below the card minimum 210 W"
         ), reason
@@ -317,7 +318,7 @@ def test_an_admission_never_leaves_the_safe_limit_below_the_card_minimum(
     gpus, non_gpu, unseen = 0, 0.0, 0.0
     for replica in arrivals:
         fit = predicted_peak_fits(
-            limit, other, measured, unseen, gpus, non_gpu, minimum, replica, first_threshold=first
+            limit, other, measured, unseen, gpus, non_gpu, minimum, replica, admit_to=first
         )
         if fit.refused is not None:
             continue
@@ -407,11 +408,11 @@ def test_through_the_decider_no_admission_leaves_the_safe_limit_below_the_card_m
 def test_a_replica_past_the_predicted_peak_is_refused_for_it() -> None:
     replica = NewReplica(peak_watts=1_000.0, gpus=1, non_gpu_watts=50.0)
     fits = predicted_peak_fits(
-        9_000.0, 500.0, 7_000.0, 500.0, 8, 400.0, 210.0, replica, first_threshold=1.0
+        9_000.0, 500.0, 7_000.0, 500.0, 8, 400.0, 210.0, replica, admit_to=1.0
     )
     assert (fits.predicted_watts, fits.after_watts, fits.refused) == (8_000, 9_000, None)
     past = predicted_peak_fits(
-        9_000.0, 500.0, 7_000.0, 501.0, 8, 400.0, 210.0, replica, first_threshold=1.0
+        9_000.0, 500.0, 7_000.0, 501.0, 8, 400.0, 210.0, replica, admit_to=1.0
     )
     assert past.refused == "peak"
 
@@ -467,19 +468,38 @@ def test_the_capped_guard_takes_a_domain_capped_past_the_percentile_off_its_pred
     assert found.capped_share == capped_share
 
 
-def test_admission_stops_at_the_ladders_first_threshold_not_the_limit() -> None:
+def test_admission_stops_at_its_line_not_the_limit() -> None:
     """A domain filled to its limit sits in the band where the ladder caps every busy hour
     (docs/oversubscription-week.md): the predicted peak with the replica must stay under
-    first_threshold x limit. 9.0 kW with the replica is the limit, past 0.95 of it."""
+    admit_to x limit. 9.0 kW with the replica is the limit, past 0.95 of it."""
     replica = NewReplica(peak_watts=1_000.0, gpus=1, non_gpu_watts=50.0)
     past = predicted_peak_fits(
-        9_000.0, 500.0, 7_000.0, 500.0, 8, 400.0, 210.0, replica, first_threshold=0.95
+        9_000.0, 500.0, 7_000.0, 500.0, 8, 400.0, 210.0, replica, admit_to=0.95
     )
     assert past.refused == "peak"
     under = predicted_peak_fits(
-        9_000.0, 500.0, 6_550.0, 500.0, 8, 400.0, 210.0, replica, first_threshold=0.95
+        9_000.0, 500.0, 6_550.0, 500.0, 8, 400.0, 210.0, replica, admit_to=0.95
     )
     assert (under.after_watts, under.refused) == (8_550, None)
+
+
+def test_the_admission_line_is_the_first_threshold_less_the_headroom() -> None:
+    """Admitting to the ladder's first threshold itself leaves a full domain at the ladder's
+    line for the 1 % of the time its p99 leaves over, capped (docs/oversubscription-week.md:
+    0.24-0.33 % of tokens lost in three weeks, 0.01-0.04 % admitting 0.02 below it)."""
+    found = prediction(
+        Oversubscription(),
+        DomainPeak(4_000.0, 86_400.0, 0.0),
+        True,
+        3_000.0,
+        ReservedFigures(),
+        (210.0, "the card minimum 210 W"),
+    )
+    assert (found.admit_to, found.as_json(9_000.0, 0.0)["admit_to_watts"]) == (0.95, 8_550)
+    headroom = Oversubscription.model_validate(
+        {"ladder": {"first_threshold": 0.9, "second_threshold": 0.97, "admission_headroom": 0}}
+    )
+    assert headroom.ladder.admit_to == 0.9
 
 
 # --- the peaks query on Prometheus' engine (promtool) and on VictoriaMetrics --------------------

@@ -19,12 +19,13 @@ reserved and measured), and the domain's answers say why. On the predicted basis
   one; else its estimate (decider.placement.estimate), as today. On a node that holds no
   reservation yet, plus the rest of the node's share (`first_on_node`): its host comes up
   with it.
-- **Admitted** while predicted peak + the replica's peak ≤ the ladder's first line,
-  `ladder.first_threshold` × the domain's limit, cap × (1 − margin)
-  (decider.facility.limit_watts, as every rule): admitting to the limit itself would fill
-  the domain into the band where the ladder caps, and a full domain would sit capped every
-  busy hour (docs/oversubscription-week.md measured 23 % of tokens lost so); **and** the
-  capping ladder can
+- **Admitted** while predicted peak + the replica's peak ≤ the admission line,
+  `ladder.admit_to` (first_threshold − admission_headroom) × the domain's limit, cap × (1 −
+  margin) (decider.facility.limit_watts, as every rule): admitting to the limit itself would
+  fill the domain into the band where the ladder caps, and a full domain would sit capped
+  every busy hour (docs/oversubscription-week.md measured 23 % of tokens lost so); admitting
+  to the first threshold itself leaves a full domain at the ladder's line for the 1 % of
+  the time a p99 leaves over, its lowest class capped; **and** the capping ladder can
   bring the domain back: with the replica, the one per-GPU limit at which every reserved
   GPU fits the limit at the estimates (decider.capping.ladder.safe_gpu_limit) is at least
   the card's minimum (MIN_LIMIT_FRACTION of the largest GPU limit of the domain's nodes,
@@ -98,7 +99,7 @@ def predicted_peak_fits(
     min_gpu_limit_watts: float,
     replica: NewReplica,
     *,
-    first_threshold: float,
+    admit_to: float,
 ) -> Fit:
     """Whether one more `replica` fits an oversubscribed domain (module docstring).
 
@@ -107,8 +108,9 @@ def predicted_peak_fits(
     cannot see yet; `reserved_gpus`, `reserved_non_gpu_watts`: every reservation's GPUs, and
     its estimate less its GPUs at their limit, summed; `min_gpu_limit_watts`: the lowest
     per-GPU limit the ladder may set (the card's minimum, or the floor where higher);
-    `first_threshold`: the ladder's first line as a share of `limit_watts`: the predicted
-    peak with the replica must stay under it."""
+    `admit_to`: the admission line as a share of `limit_watts` (the ladder's first
+    threshold less its admission headroom): the predicted peak with the replica must stay
+    under it."""
     predicted = measured_peak_watts + unseen_watts + other_watts
     after = predicted + replica.peak_watts
     gpus = reserved_gpus + replica.gpus
@@ -123,7 +125,7 @@ def predicted_peak_fits(
             "" if bounded else f" past the {limit_watts / 1000:.1f} kW limit"
         )
     refused: Literal["peak", "safe_cap"] | None = None
-    if after > first_threshold * limit_watts:
+    if after > admit_to * limit_watts:
         refused = "peak"
     elif not bounded:
         refused = "safe_cap"
@@ -150,7 +152,7 @@ class Prediction:
     reserved_non_gpu_watts: float
     min_gpu_limit_watts: float | None  # the card's minimum, or the ladder's floor if higher
     min_gpu_limit_from: str
-    first_threshold: float  # the ladder's first line: admission fills the limit to this share
+    admit_to: float  # the admission line: admission fills the limit to this share
     capped_share: float | None  # of the window's samples, the share its ladder was capped
 
     @property
@@ -190,7 +192,7 @@ class Prediction:
             "unseen_watts": round(self.unseen_watts, 1),
             "predicted_watts": round(self.load_watts + other_watts, 1) if self.predicted else None,
             "admit_to_watts": (
-                None if limit_watts is None else round(self.first_threshold * limit_watts, 1)
+                None if limit_watts is None else round(self.admit_to * limit_watts, 1)
             ),
             "capped_share": None if self.capped_share is None else round(self.capped_share, 4),
             "reserved_gpus": self.reserved_gpus,
@@ -358,7 +360,7 @@ def prediction(
         reserved_non_gpu_watts=reserved.non_gpu_watts,
         min_gpu_limit_watts=min_limit[0],
         min_gpu_limit_from=min_limit[1],
-        first_threshold=settings.ladder.first_threshold,
+        admit_to=settings.ladder.admit_to,
         capped_share=capped,
     )
 
@@ -429,7 +431,7 @@ def refuse(domain: _Predicted, replica: NewReplica) -> str | None:
         found.reserved_non_gpu_watts,
         found.min_gpu_limit_watts or 0.0,
         replica,
-        first_threshold=found.first_threshold,
+        admit_to=found.admit_to,
     )
     if fit.refused is None:
         return None
@@ -437,7 +439,7 @@ def refuse(domain: _Predicted, replica: NewReplica) -> str | None:
         f"limit {domain.limit / 1000:.1f} kW (cap {domain.cap / 1000:.1f}, "
         f"margin {domain.margin * 100:g}%)"
     )
-    line = f"the ladder's first threshold {found.first_threshold:g} of its {limit}"
+    line = f"its admission line {found.admit_to:g} of its {limit}"
     if fit.refused == "peak":
         return (
             f"{domain.label}: predicted peak {fit.predicted_watts / 1000:.1f} kW ({found.why}"

@@ -34,9 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--variants",
         action="store_true",
-        help="also run the admission rule's variants (without the capped guard; without "
-        "the first replica's host; the rule before: to the limit, thresholds 0.90/0.97, no "
-        "guard)",
+        help="also run the admission rule's variants (without the capped guard; admitting "
+        "to the first threshold, 0.95/0.99, with and without the first replica's host; the "
+        "rule before: to the limit, thresholds 0.90/0.97, no guard)",
     )
     parser.add_argument("--traces", type=Path, default=data.TRACES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

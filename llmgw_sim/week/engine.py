@@ -16,19 +16,20 @@ budget (DESIGN.md §5; the estimate is GPUs x the card's 700 W limit + the node 
 those GPUs). `oversubscribe`: helper A's rule, the decider's own pure function
 (`decider.placement.predicted_peak.predicted_peak_fits`): with at least `min_history` of
 measurements, max(the domain's measured power at `percentile` over `window`, sampled at
-the rules' 30 s, and its measured power now) + the peaks of the replicas admitted less than
-`min_history` ago + other_watts + the new replica's peak (its model's most on its
-ML.ENERGY curve up to its serving configuration, plus the node share) within the ladder's
-first threshold x the budget, and the safe per-GPU limit at the estimates not below the
-card's minimum; with less history, or a domain whose ladder was capped for more than
-(1 - percentile) of the window's samples (the capped guard, `predicted_peak.capped_guard`,
-fed the share of the 30-s samples at step 1 or 2, as the decider reads it from
-llmgw_decider_capping_step), today's rule. In both, a domain the ladder has capped admits
-nothing (as a domain over its cap admits nothing today). A replica on a node with no
-replica yet counts the rest of the node share on top of its peak (`predicted_peak.
-first_on_node`, as the decider's placement does): a node with no replica is off here, and
-its host comes up with its first. `WeekConfig.capped_guard`, `first_host` and
-`admit_to_limit` turn parts of the rule off: the variants of docs/oversubscription-week.md.
+the rules' 30 s, and its measured power now) + the peaks of the replicas admitted less
+than `min_history` ago + other_watts + the new replica's peak (its model's most on its
+ML.ENERGY curve up to its serving configuration, plus the node share) within the admission
+line (the ladder's first threshold less its admission headroom) x the budget, and the safe
+per-GPU limit at the estimates not below the card's minimum; with less history, or a
+domain whose ladder was capped for more than (1 - percentile) of the window's samples (the
+capped guard, `predicted_peak.capped_guard`, fed the share of the 30-s samples at step 1
+or 2, as the decider reads it from llmgw_decider_capping_step), today's rule. In both, a
+domain the ladder has capped admits nothing (as a domain over its cap admits nothing
+today). A replica on a node with no replica yet counts the rest of the node share on top
+of its peak (`predicted_peak.first_on_node`, as the decider's placement does): a node
+with no replica is off here, and its host comes up with its first.
+`WeekConfig.capped_guard`, `first_host` and `admit_to_limit` turn parts of the rule off:
+the variants of docs/oversubscription-week.md.
 
 **The ladder** is helper B's pure `decider.capping.ladder.advance`, fed as the decider's
 driver (decider.capping.driver) feeds it: at each refresh, each oversubscribed domain's
@@ -130,7 +131,7 @@ class WeekConfig:
     (`predicted_peak.first_on_node`); False: its own GPUs' share alone (the rule before, a
     variant)."""
     admit_to_limit: bool = False
-    """Admit up to the budget itself, not to the ladder's first threshold of it (the rule
+    """Admit up to the budget itself, not to the admission line of it (the rule
     before, a variant)."""
     load_shape: tuple[tuple[float, float], ...] = ()
     """(seconds, factor) points: every replica's demand times the factor interpolated
@@ -319,7 +320,7 @@ class Week:
             )
         self.diurnal = shape / shape.max(axis=0)  # each PDU's busiest 5 min of the run: 1
         self.ladders: dict[int, ladder.LadderState] = {}
-        self.first_threshold = self.settings.ladder.first_threshold
+        self.admit_to = self.settings.ladder.admit_to
         self.hours = math.ceil(config.days * 24) + 1
 
     # --- admission --------------------------------------------------------------------------
@@ -379,7 +380,7 @@ class Week:
                 non_gpu_watts=self._estimate(model) - spec.gpus * H100.power_limit_watts,
                 peak_from="measured",
             ),
-            first_threshold=1.0 if self.config.admit_to_limit else self.first_threshold,
+            admit_to=1.0 if self.config.admit_to_limit else self.admit_to,
         )
         return fit.refused is None
 
@@ -701,12 +702,15 @@ class Week:
         )
 
 
-def _thresholds(config: WeekConfig, first: float, second: float) -> WeekConfig:
+def _thresholds(
+    config: WeekConfig, first: float, second: float, headroom: float = 0.0
+) -> WeekConfig:
     settings = dict(config.site.oversubscription)
     settings["ladder"] = {
         **settings.get("ladder", {}),
         "first_threshold": first,
         "second_threshold": second,
+        "admission_headroom": headroom,
     }
     return replace(config, site=replace(config.site, oversubscription=settings))
 
@@ -718,7 +722,10 @@ DECIDER = "oversubscription (the decider's rule)"
 #: is, each a change of the run's configuration (docs/oversubscription-week.md).
 VARIANTS: dict[str, Callable[[WeekConfig], WeekConfig]] = {
     "without the capped guard": lambda config: replace(config, capped_guard=False),
-    "without the first replica's host": lambda config: replace(config, first_host=False),
+    "admitting to the first threshold, 0.95/0.99": lambda config: _thresholds(config, 0.95, 0.99),
+    "the same without the first replica's host": lambda config: replace(
+        _thresholds(config, 0.95, 0.99), first_host=False
+    ),
     "the rule before: to the limit, 0.90/0.97, no guard": lambda config: replace(
         _thresholds(config, 0.90, 0.97), capped_guard=False, admit_to_limit=True, first_host=False
     ),

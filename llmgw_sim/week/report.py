@@ -198,17 +198,19 @@ def representative(over: WeekResult) -> list[int]:
     return chosen
 
 
-def _first_threshold(result: WeekResult) -> float:
-    return result.config.site.facility(True).oversubscription.ladder.first_threshold
+def _lines(result: WeekResult) -> tuple[float, float]:
+    """The ladder's first threshold and the admission line, shares of the budget."""
+    settings = result.config.site.facility(True).oversubscription.ladder
+    return settings.first_threshold, 1.0 if result.config.admit_to_limit else settings.admit_to
 
 
 def plot_power(today: WeekResult, over: WeekResult, over_name: str, path: Path) -> None:
     """Each chosen domain's power (each minute's highest reading) over the run, today and
-    one oversubscribed policy, against its rating, rating x derating, budget and the
-    ladder's first threshold."""
+    one oversubscribed policy, against its rating, rating x derating, budget, the
+    ladder's first threshold and the admission line."""
     plt = _pyplot()
     chosen = representative(over)
-    threshold = _first_threshold(over)
+    threshold, admit_to = _lines(over)
     fig, axes = plt.subplots(len(chosen), 1, figsize=(12, 3.2 * len(chosen)), sharex=True)
     for ax, index in zip(np.atleast_1d(axes), chosen, strict=True):
         domain = over.domains[index]
@@ -219,12 +221,15 @@ def plot_power(today: WeekResult, over: WeekResult, over_name: str, path: Path) 
             kw = _per_minute_max(result.history[:, index]) / 1000
             hours = np.arange(len(kw)) / 60
             ax.plot(hours, kw, color=colour, linewidth=0.6, label=name)
-        for value, style, name in (
+        lines = [
             (domain.rating_watts, "k-", "rating"),
             (domain.cap_watts, "r--", "rating x derating (cap)"),
             (domain.budget_watts, "m-.", "budget: cap x (1 - margin)"),
             (domain.budget_watts * threshold, "g:", f"ladder's first threshold ({threshold:g})"),
-        ):
+        ]
+        if admit_to < threshold:
+            lines.append((domain.budget_watts * admit_to, "c:", f"admission line ({admit_to:g})"))
+        for value, style, name in lines:
             ax.axhline(value / 1000, linestyle=style[1:], color=style[0], linewidth=1, label=name)
         ax.set_title(f"{domain.label}: power, each minute's highest 5-s reading")
         ax.set_ylabel("kW")
