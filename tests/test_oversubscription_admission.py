@@ -40,6 +40,7 @@ from decider.placement.predicted_peak import (
     NewReplica,
     ReservedFigures,
     first_on_node,
+    min_gpu_limit,
     predicted_peak_fits,
     prediction,
 )
@@ -429,6 +430,17 @@ def test_the_first_replica_on_a_node_counts_the_rest_of_the_node_share() -> None
     # GPUs unknown: the estimate took the whole share already (decider.placement.estimate).
     assert first_on_node(300.0, "estimate", 2, None, 0, 1_200.0) == (300.0, "estimate")
     assert first_on_node(300.0, "estimate", 2, 8, 0, 0.0) == (300.0, "estimate")
+
+
+def test_the_card_minimum_read_from_the_nodes_wins_over_the_estimate() -> None:
+    # A T4 publishes 60 of 70 W (86 %): the 30 % estimate (21 W) would size a safe limit the
+    # card refuses. Nodes that publish none are estimated; the largest of all is the minimum.
+    assert min_gpu_limit([], None, [60.0]) == (60.0, "the card minimum 60 W (read)")
+    watts, reason = min_gpu_limit([700.0], None, [60.0])
+    assert watts == pytest.approx(MIN_LIMIT_FRACTION * 700.0)
+    assert "30% of 700 W" in reason
+    assert min_gpu_limit([], 250.0, [200.0]) == (250.0, "the ladder's floor_gpu_watts 250 W")
+    assert min_gpu_limit([], None, []) == (None, "no GPU limit known")
 
 
 @pytest.mark.parametrize(

@@ -302,17 +302,25 @@ def reservation_figures(
 
 
 def min_gpu_limit(
-    member_limits: Iterable[float], floor_watts: float | None
+    member_limits: Iterable[float],
+    floor_watts: float | None,
+    member_minimums: Iterable[float] = (),
 ) -> tuple[float | None, str]:
-    """The lowest per-GPU limit the ladder may set on every GPU of the domain: the card's
-    minimum (MIN_LIMIT_FRACTION of the largest enforced limit among its nodes: one limit on
-    every GPU must suit the largest card), or the ladder's floor where higher."""
+    """The lowest per-GPU limit the ladder may set on every GPU of the domain (one limit on
+    every GPU must suit each card): the largest card minimum, read where the nodes publish
+    it (`member_minimums`, llmgw_gpu_power_limit_min_watts), MIN_LIMIT_FRACTION of the
+    enforced limit of the nodes that do not (`member_limits`), as decider.capping.driver
+    takes it; or the ladder's floor where higher."""
     largest = max(member_limits, default=None)
-    card = None if largest is None else MIN_LIMIT_FRACTION * largest
+    guessed = None if largest is None else MIN_LIMIT_FRACTION * largest
+    read = max(member_minimums, default=None)
+    card = max((each for each in (read, guessed) if each is not None), default=None)
     if floor_watts is not None and (card is None or floor_watts > card):
         return floor_watts, f"{FLOOR_FROM} {floor_watts:g} W"
     if card is None:
         return None, "no GPU limit known"
+    if card == read:
+        return card, f"the card minimum {card:g} W (read)"
     return card, f"the card minimum {card:.0f} W ({MIN_LIMIT_FRACTION:.0%} of {largest:g} W)"
 
 

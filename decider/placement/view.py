@@ -377,14 +377,17 @@ class View:
         settings = self.facility.oversubscription
         peaks = "peaks" in self.fresh
         limits = self.snapshot.gpu_limit_watts if "limits" in self.fresh else {}
-        members = [limits[node] for node in self.members.get(ref, ()) if node in limits]
+        minimums = self.snapshot.gpu_min_limit_watts if "min_limits" in self.fresh else {}
+        nodes = self.members.get(ref, ())
+        published = [minimums[node] for node in nodes if node in minimums]
+        estimated = [limits[node] for node in nodes if node in limits and node not in minimums]
         return predicted_peak.prediction(
             settings,
             self.snapshot.domain_peaks.get(ref) if peaks else None,
             peaks,
             measured,
             self.oversubscribed_reserved.get(ref, ReservedFigures()),
-            predicted_peak.min_gpu_limit(members, settings.ladder.floor_gpu_watts),
+            predicted_peak.min_gpu_limit(estimated, settings.ladder.floor_gpu_watts, published),
         )
 
     @figure(_reserved_gpus_after)
