@@ -49,19 +49,28 @@ from llmgw_common.yamlfile import ConfigError, Duration, FilePath, load_model
 
 DEFAULT_PORT = 9850
 
+# Every model here is `defer_build`, as the sources' sections are (exporter/sources/base.py),
+# and a nested section's default is `{}` validated by the model holding it, not an instance
+# built at import (which would build the section's own validator): agent.yaml is checked by
+# one validator, not by one more per model nested in it (docs/benchmarks.md, "Where the
+# memory goes"). A model used alone (a test's `GpuConfig(...)`) builds its own when first used.
+
 # One typed section per registered source, so a misspelt source or key is
 # refused with its line, and each source's own keys are checked.
 Sources: type[BaseModel] = create_model(  # type: ignore[call-overload]
     "Sources",
-    __config__=ConfigDict(extra="forbid", frozen=True),
-    **{name: (cls.Config, cls.Config()) for name, cls in SOURCES.items()},
+    __config__=ConfigDict(extra="forbid", frozen=True, defer_build=True),
+    **{
+        name: (cls.Config, Field(default_factory=dict, validate_default=True))
+        for name, cls in SOURCES.items()
+    },
 )
 
 
 class Labels(BaseModel):
     """The well-known `llmgw.io/*` keys; any other key is refused as a likely typo."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 
     site: str = Field("", alias="llmgw.io/site")
     room: str = Field("", alias="llmgw.io/room")
@@ -92,9 +101,9 @@ class BmcTarget(BaseModel):
     out-of-band section, `ipmi` (with `host`) or `redfish` (with `url`): the keys of
     `sources.ipmi` / `sources.redfish`, checked by the same models."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
 
-    labels: Labels = Labels()
+    labels: Labels = Field(default_factory=dict, validate_default=True)
     bmc_includes_gpus: bool | None = Field(None, strict=True)
     ipmi: IpmiConfig | None = None
     redfish: RedfishConfig | None = None
@@ -127,7 +136,7 @@ BmcTargets = dict[Annotated[str, Field(min_length=1)], BmcTarget]
 class BmcTargetsFile(BaseModel):
     """A file that `bmcs_file` names: the same `bmcs:` section, in a file of its own."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
 
     bmcs: BmcTargets
 
@@ -138,7 +147,7 @@ class CappingConfig(BaseModel):
     Off by default: a node applies limits only where agent.yaml turns it on.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
 
     enabled: bool = False
     #: The decider's base URL, `http(s)://host:port`.
@@ -171,21 +180,21 @@ class CappingConfig(BaseModel):
 
 
 class AgentConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
 
     node: str = Field(default_factory=socket.gethostname, min_length=1)
-    labels: Labels = Labels()
+    labels: Labels = Field(default_factory=dict, validate_default=True)
     # Strict: a quoted "250" or `true` is a typo to refuse, not a number to guess.
     overhead_watts: float | None = Field(None, ge=0, le=100_000, strict=True)
     #: Whether the node's BMC (ipmi, redfish) or hwmon meter reading includes the GPUs.
     bmc_includes_gpus: bool | None = Field(None, strict=True)
     listen: str = f":{DEFAULT_PORT}"
-    sources: Sources = Sources()  # type: ignore[valid-type]
+    sources: Sources = Field(default_factory=dict, validate_default=True)  # type: ignore[valid-type]
     #: BMCs read out-of-band on request, one Prometheus target each (exporter/bmc_probe.py),
     #: listed here or in `bmcs_file` (a file holding a `bmcs:` section), not both.
     bmcs: BmcTargets = Field(default_factory=dict)
     bmcs_file: FilePath | None = None
-    capping: CappingConfig = CappingConfig()
+    capping: CappingConfig = Field(default_factory=dict, validate_default=True)
 
     @field_validator("listen")
     @classmethod

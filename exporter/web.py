@@ -19,7 +19,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from socketserver import ThreadingMixIn
+from socketserver import TCPServer, ThreadingMixIn
 from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -40,6 +40,20 @@ Environ = dict[str, object]
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
+
+    def server_bind(self) -> None:
+        """Bind, naming the server by the address it listens on.
+
+        http.server's own server_bind asks DNS for the address's full name (`getfqdn`), only
+        for the WSGI environ's SERVER_NAME, which no route here reads: a start that waits on
+        a resolver (a node booting before its DNS answers), and the idna codec with
+        `unicodedata` kept loaded for good (docs/benchmarks.md, "Where the memory goes").
+        """
+        TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name = str(host)
+        self.server_port = int(port)
+        self.setup_environ()
 
 
 class _ThreadingServer6(_ThreadingServer):

@@ -59,9 +59,14 @@ def test_ready_waits_for_every_gpu_source_and_rapl_power(bench):
     assert not bench.ours_ready((gpus + energy + power).encode(), 2)
 
 
-@pytest.mark.parametrize(("rss_mib", "missed"), [(39.9, []), (40.0, []), (44.7, ["rss_mib"])])
+@pytest.mark.parametrize(
+    ("rss_mib", "missed"),
+    [(39.4, []), (40.0, []), (40.2, ["rss_mib"]), (44.7, ["rss_mib"])],
+)
 def test_rss_over_40_mib_fails_the_check(bench, rss_mib, missed):
-    """The run's verdict, and `--check`'s exit status, fail once the exporter passes 40 MiB."""
+    """The run's verdict, and `--check`'s exit status, fail once the exporter passes 40 MiB:
+    39.4 MiB is `make bench`'s figure on 2026-12-04, 40.2 the same morning's before its cuts,
+    44.7 issue 21's."""
     assert bench.MAX_RSS_MIB == 40.0
     ours = {"rss_mib": rss_mib, "cpu_ms_per_scrape": 1.7}
     result = {

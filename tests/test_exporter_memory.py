@@ -24,6 +24,7 @@ LOADED_ON_DEMAND = {
     "markupsafe": "jinja2's escaping, with it",
     "requests": "exporter/sources/redfish.py, when the redfish source first talks to a BMC",
     "urllib3": "requests, with it",
+    "exporter.sources.amd_kfd": "exporter/sources/units.py, when the units source starts",
 }
 
 #: Runs the exporter's own main() and reports, in a line of stderr of its own, which of the
