@@ -45,7 +45,7 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
         """Bind, naming the server by the address it listens on.
 
         http.server's own server_bind asks DNS for the address's full name (`getfqdn`), only
-        for the WSGI environ's SERVER_NAME, which no route here reads: a start that waits on
+        for the WSGI environ's SERVER_NAME, which no route here reads: a start that can wait on
         a resolver (a node booting before its DNS answers), and the idna codec with
         `unicodedata` kept loaded for good (docs/benchmarks.md, "Where the memory goes").
         """
