@@ -234,7 +234,7 @@ def with_interval(rules: Path, interval: str, tmp: Path) -> Path:
 
 
 def evaluated_after_live_scrapes(url: str) -> None:
-    """Wait for the rules' first evaluation whose windows end in live samples. The backfill
+    """Wait until the rules' figures come from windows that end in live samples. The backfill
     ends when Prometheus starts; until its first scrape of the target, a 5-minute rate's
     newest sample lies that gap before the window's end, and rate() does not extrapolate
     over it: tokens per second, and so per joule, read as much low (2 % for a 6-s start on
@@ -248,13 +248,20 @@ def evaluated_after_live_scrapes(url: str) -> None:
 
     scraped = poll(first_scrape, "a live scrape of the site", timeout_s=60)
 
-    def evaluated_since() -> bool:
+    def evaluations() -> list[float]:
         groups = requests.get(f"{url}/api/v1/rules", timeout=5).json()["data"]["groups"]
-        stamps = [group["lastEvaluation"] for group in groups]
-        evaluated = [datetime.fromisoformat(stamp).timestamp() for stamp in stamps]
-        return bool(evaluated) and all(stamp > scraped + 1 for stamp in evaluated)
+        return [datetime.fromisoformat(group["lastEvaluation"]).timestamp() for group in groups]
 
-    poll(evaluated_since, "an evaluation of every rule group after the first scrape", 120)
+    def evaluated_since(since: float) -> float | None:
+        evaluated = evaluations()
+        done = bool(evaluated) and all(stamp > since for stamp in evaluated)
+        return max(evaluated) if done else None
+
+    once = poll(lambda: evaluated_since(scraped + 1), "every group after the first scrape", 120)
+    # Twice: the models' group reads the units' output, and the two groups run on timers of
+    # their own. Its first evaluation after the scrape may come before the units' group's,
+    # reading a rate of before the scrape (a CI run read 2 % low: 3.59 for 3.667).
+    poll(lambda: evaluated_since(once), "every group after every group's first", 120)
 
 
 @pytest.fixture(scope="module", params=["prometheus", "victoria-metrics"])
