@@ -553,10 +553,6 @@ class Shedding(_Model):
     interval: Duration = 300.0
 
 
-#: Below this share of a GPU's current limit the card most likely refuses the new one: the
-#: project's stand-in for the card's minimum limit (decider.power_capping, and what the
-#: oversubscription's safe cap must stay above: decider.placement.predicted_peak).
-MIN_LIMIT_FRACTION = 0.30
 #: The shortest lease of GPU limits: an agent renews at a third of it, and a renewal more
 #: often than every ~2 s would put the decider's refresh on the node agents' path.
 MIN_LEASE_S = 5.0

@@ -15,11 +15,12 @@ highest that saves enough, assuming each GPU draws up to its current enforced li
 (current − L) on each GPU whose limit is above L. A GPU that draws less than its limit
 saves less: the figure is the most a cap can save, and the measured power after setting
 it is the check. Nodes whose GPU count or limit the snapshot lacks are left out and named.
-Below a card's minimum limit the card refuses it: where the member nodes publish their
-cards' range (`llmgw_gpu_power_limit_min_watts`, the `min_limits` part), below the largest
-minimum they publish; where none does, below MIN_LIMIT_FRACTION of the lowest current limit
-(an H100 SXM takes 200 W of its 700 W at least; a T4 60 of 70 W: an estimate, and said to
-be one). Such a recommendation says that moving replicas is the way instead.
+Below a card's minimum limit the card refuses it: the largest minimum of the counted
+nodes' cards, each node's as published (`llmgw_gpu_power_limit_min_watts`, the `min_limits`
+part) or, where it publishes none, MIN_LIMIT_FRACTION of its current limit (an H100 SXM
+takes 200 W of its 700 W at least; a T4 60 of 70 W: an estimate, and said to be one), as
+the capping ladder takes it (decider.card_minimum). Such a recommendation says that
+moving replicas is the way instead.
 
 The throughput it costs comes only from measurements: each replica reserved in the domain
 whose profile declares `tokens_per_second_at_gpu_limit` (a power-limit sweep) costs its
@@ -35,7 +36,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any, Literal
 
-from decider.facility import MIN_LIMIT_FRACTION, DomainRef
+from decider.card_minimum import MIN_LIMIT_FRACTION, card_minimum
+from decider.facility import DomainRef
 from decider.placement.view import DomainState, View
 
 #: A warm or hot domain's target: its load less this share.
@@ -243,13 +245,9 @@ def recommend(view: View, ref: DomainRef) -> Recommendation | None:
     current = max((limit for _, limit in counted), default=None)
     limit = limit_for(counted, reduce_watts) if counted else None
     saved = saving(counted, limit) if limit is not None else saving(counted, 0.0)
-    lowest = min((limit_ for _, limit_ in counted), default=None)
     published = view.snapshot.gpu_min_limit_watts if "min_limits" in view.fresh else {}
-    read = [published[name] for name in nodes if name in published]
-    card_minimum = max(read) if read else None
-    if card_minimum is None and lowest is not None:
-        card_minimum = MIN_LIMIT_FRACTION * lowest
-    below = limit is not None and card_minimum is not None and limit < card_minimum
+    cards = card_minimum((view.node(name).gpu_limit_watts, published.get(name)) for name in nodes)
+    below = limit is not None and cards is not None and limit < cards.watts
     costs = _costs(view, ref, limit) if limit is not None else ()
     recommendation = Recommendation(
         domain=ref,
@@ -266,8 +264,8 @@ def recommend(view: View, ref: DomainRef) -> Recommendation | None:
         gpu_limit_watts=limit,
         saving_watts=saved,
         below_card_minimum=below,
-        card_minimum_watts=card_minimum,
-        card_minimum_read=bool(read),
+        card_minimum_watts=None if cards is None else cards.watts,
+        card_minimum_read=cards is not None and cards.read,
         throughput=costs,
     )
     return _with_reason(recommendation)

@@ -34,7 +34,8 @@ from hypothesis import strategies as st
 
 from decider import peaks
 from decider.capping.ladder import safe_gpu_limit
-from decider.facility import MIN_LIMIT_FRACTION, DomainRef, Facility, Oversubscription
+from decider.card_minimum import MIN_LIMIT_FRACTION, estimated_minimum
+from decider.facility import DomainRef, Facility, Oversubscription
 from decider.models import Replica
 from decider.placement.predicted_peak import (
     NewReplica,
@@ -384,7 +385,7 @@ def test_through_the_decider_no_admission_leaves_the_safe_limit_below_the_card_m
         unit_peak_watts={("m", profile): watts for profile, watts in unit_peaks.items()},
         parts={**snapshot.parts, "peaks": Part(NOW)},
     )
-    minimum = max(MIN_LIMIT_FRACTION * max(limits), floor or 0.0)
+    minimum = max(estimated_minimum(max(limits)), floor or 0.0)
     with tempfile.TemporaryDirectory() as directory:
         site = Site(Path(directory) / "decider.db", facility, snapshot, (), {})
         try:
@@ -435,12 +436,18 @@ def test_the_first_replica_on_a_node_counts_the_rest_of_the_node_share() -> None
 def test_the_card_minimum_read_from_the_nodes_wins_over_the_estimate() -> None:
     # A T4 publishes 60 of 70 W (86 %): the 30 % estimate (21 W) would size a safe limit the
     # card refuses. Nodes that publish none are estimated; the largest of all is the minimum.
-    assert min_gpu_limit([], None, [60.0]) == (60.0, "the card minimum 60 W (read)")
-    watts, reason = min_gpu_limit([700.0], None, [60.0])
-    assert watts == pytest.approx(MIN_LIMIT_FRACTION * 700.0)
-    assert "30% of 700 W" in reason
-    assert min_gpu_limit([], 250.0, [200.0]) == (250.0, "the ladder's floor_gpu_watts 250 W")
-    assert min_gpu_limit([], None, []) == (None, "no GPU limit known")
+    assert min_gpu_limit([(70.0, 60.0)], None) == (60.0, "the card minimum 60 W (read)")
+    watts, reason = min_gpu_limit([(70.0, 60.0), (700.0, None)], None)
+    assert watts == MIN_LIMIT_FRACTION * 700.0 == 210.0
+    assert reason == "the card minimum 210 W (30% of 700 W)"
+    # A node with no limit known but its range published counts; one with neither does not.
+    assert min_gpu_limit([(None, 200.0), (None, None)], None) == (
+        200.0,
+        "the card minimum 200 W (read)",
+    )
+    assert min_gpu_limit([(700.0, 200.0)], 250.0) == (250.0, "the ladder's floor_gpu_watts 250 W")
+    assert min_gpu_limit([], None) == (None, "no GPU limit known")
+    assert min_gpu_limit([(None, None)], None) == (None, "no GPU limit known")
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from decider.capping.driver import class_minimum
 from decider.config import Staleness
 from decider.facility import DomainRef, Facility
+from decider.placement.predicted_peak import min_gpu_limit
 from decider.placement.view import View
 from decider.power_capping import interpolate, limit_for, recommend, recommendations, saving
 from decider.snapshot import PARTS, Part, Snapshot
@@ -215,6 +217,62 @@ def test_a_limit_below_the_cards_published_minimum_says_so():
     estimated = recommend(make_view(**args), R1)  # none published: the 30 % estimate passes it
     assert estimated is not None and not estimated.below_card_minimum
     assert (estimated.card_minimum_watts, estimated.card_minimum_read) == (210.0, False)
+
+
+def test_a_mixed_domain_takes_the_estimate_where_it_is_the_larger():
+    # n1 publishes 150 W for its 700-W cards, n2 (an older exporter) nothing: 30 % of its
+    # 700 W, 210 W, stands for it, and one limit on both must suit n2's cards too. The
+    # 20 000 W over 18 000 W target (cap x 0.9) is 2 000 W off 16 GPUs at 700 W: 575 W.
+    args: dict[str, Any] = {
+        "domains": {"rack/r1": {"cap_watts": 20_000}},
+        "membership": {"n1": [R1], "n2": [R1]},
+        "gpus": {"n1": 8, "n2": 8},
+        "limits": {"n1": 700.0, "n2": 700.0},
+        "measured": {R1: 20_000.0},
+    }
+    rec = recommend(make_view(**args, min_limits={"n1": 150.0}), R1)
+    assert rec is not None and rec.gpu_limit_watts == 575.0
+    assert (rec.card_minimum_watts, rec.card_minimum_read) == (210.0, False)
+    rec = recommend(make_view(**args, min_limits={"n1": 600.0}), R1)  # the read one larger
+    assert rec is not None and rec.below_card_minimum
+    assert (rec.card_minimum_watts, rec.card_minimum_read) == (600.0, True)
+
+
+nodes_with_cards = st.lists(
+    st.tuples(
+        st.sampled_from([70.0, 300.0, 350.0, 450.0, 700.0, 1_000.0]),
+        st.none() | st.sampled_from([60.0, 100.0, 150.0, 200.0, 500.0]),
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+@given(nodes=nodes_with_cards)
+def test_the_ladder_admission_and_advice_take_the_same_card_minimum(
+    nodes: list[tuple[float, float | None]],
+) -> None:
+    """decider.card_minimum is the one rule: the ladder's class minimum, admission's lowest
+    limit and the advisory's card minimum give the same figure on any mix of nodes that
+    publish their cards' range and nodes that do not."""
+    names = [f"n{i}" for i in range(len(nodes))]
+    ladder, _ = class_minimum([(8, limit, minimum) for limit, minimum in nodes])
+    admission, _ = min_gpu_limit(nodes, None)
+    view = make_view(
+        domains={"rack/r1": {"cap_watts": 1_000}},  # over budget: always a recommendation
+        membership={name: [R1] for name in names},
+        gpus=dict.fromkeys(names, 8),
+        limits={name: limit for name, (limit, _) in zip(names, nodes, strict=True)},
+        measured={R1: 100_000.0},
+        min_limits={
+            name: minimum
+            for name, (_, minimum) in zip(names, nodes, strict=True)
+            if minimum is not None
+        },
+    )
+    advice = recommend(view, R1)
+    assert advice is not None
+    assert ladder == admission == advice.card_minimum_watts
 
 
 def test_a_domain_within_budget_and_ok_needs_nothing():

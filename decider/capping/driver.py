@@ -21,7 +21,7 @@ At each refresh, per oversubscribed domain:
   largest minimum of its GPUs (`llmgw_gpu_power_limit_min_watts`, `min_limits` part: the
   agent refuses a limit below the card's range, so a cap below it would leave the domain
   above what the ladder counted on), or, for a node whose exporter publishes none,
-  `MIN_LIMIT_FRACTION` (decider.facility) of its uncapped limit, an estimate below the
+  `MIN_LIMIT_FRACTION` (decider.card_minimum) of its uncapped limit, an estimate below the
   real minimum of some cards (a T4's is 86 % of its limit, an A10G's 33 %); the API says
   which (`min_limit_from`). `oversubscription.ladder.floor_gpu_watts` raises it;
 - **what besides the GPUs**: `other_watts` plus `node_share_watts` per member node, the
@@ -58,7 +58,8 @@ from decider.capping.ladder import (
     safe_gpu_limit,
     worst_case,
 )
-from decider.facility import MIN_LIMIT_FRACTION, DomainRef, Facility
+from decider.card_minimum import card_minimum
+from decider.facility import DomainRef, Facility
 from decider.placement.view import View
 from decider.shedding.moves import class_of
 
@@ -159,25 +160,10 @@ class Lease:
 
 def class_minimum(nodes: list[tuple[int, float, float | None]]) -> tuple[float, str]:
     """The lowest per-GPU limit every card of a class takes, from its nodes' (GPUs, uncapped
-    limit, minimum read or None), and where it comes from: the largest of the minimums,
-    each node's read, else MIN_LIMIT_FRACTION of its limit (rounded up to a whole watt)."""
-    read = [minimum for _, _, minimum in nodes if minimum is not None]
-    guessed = [
-        float(math.ceil(MIN_LIMIT_FRACTION * limit))
-        for _, limit, minimum in nodes
-        if minimum is None
-    ]
-    largest = max([*read, *guessed])
-    estimate = f"{MIN_LIMIT_FRACTION:.0%} of the GPU limit (no card minimum published)"
-    if not read:
-        return largest, f"estimated: {estimate}"
-    if not guessed:
-        return largest, "read: the cards' minimum limit (llmgw_gpu_power_limit_min_watts)"
-    which = "read" if largest in read else "estimated"
-    return largest, (
-        f"{which}: the cards' minimum read on {len(read)} of {len(nodes)} nodes, "
-        f"{estimate} on the other {len(guessed)}"
-    )
+    limit, minimum read or None), and where it comes from (decider.card_minimum)."""
+    found = card_minimum((limit, minimum) for _, limit, minimum in nodes)
+    assert found is not None  # every node of a class has its limit
+    return found.watts, found.basis()
 
 
 class NotYetKnown(Exception):

@@ -28,8 +28,8 @@ reserved and measured), and the domain's answers say why. On the predicted basis
   the time a p99 leaves over, its lowest class capped; **and** the capping ladder can
   bring the domain back: with the replica, the one per-GPU limit at which every reserved
   GPU fits the limit at the estimates (decider.capping.ladder.safe_gpu_limit) is at least
-  the card's minimum (MIN_LIMIT_FRACTION of the largest GPU limit of the domain's nodes,
-  decider.facility, as decider.power_capping) and the ladder's `floor_gpu_watts`. A domain
+  the cards' minimum (decider.card_minimum, as the ladder and decider.power_capping take
+  it) and the ladder's `floor_gpu_watts`. A domain
   with no GPU to cap must fit at the estimates outright.
 - **The capped guard.** A percentile of power the ladder held down is what the caps
   allowed, not what the replicas want: admitting on it fills the domain further, and it is
@@ -51,7 +51,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from decider.capping.ladder import safe_gpu_limit
-from decider.facility import MIN_LIMIT_FRACTION, Oversubscription
+from decider.card_minimum import MIN_LIMIT_FRACTION, card_minimum
+from decider.facility import Oversubscription
 from decider.snapshot import DomainPeak
 from decider.store import Reservation
 
@@ -302,26 +303,23 @@ def reservation_figures(
 
 
 def min_gpu_limit(
-    member_limits: Iterable[float],
-    floor_watts: float | None,
-    member_minimums: Iterable[float] = (),
+    nodes: Iterable[tuple[float | None, float | None]], floor_watts: float | None
 ) -> tuple[float | None, str]:
-    """The lowest per-GPU limit the ladder may set on every GPU of the domain (one limit on
-    every GPU must suit each card): the largest card minimum, read where the nodes publish
-    it (`member_minimums`, llmgw_gpu_power_limit_min_watts), MIN_LIMIT_FRACTION of the
-    enforced limit of the nodes that do not (`member_limits`), as decider.capping.driver
-    takes it; or the ladder's floor where higher."""
-    largest = max(member_limits, default=None)
-    guessed = None if largest is None else MIN_LIMIT_FRACTION * largest
-    read = max(member_minimums, default=None)
-    card = max((each for each in (read, guessed) if each is not None), default=None)
-    if floor_watts is not None and (card is None or floor_watts > card):
+    """The lowest per-GPU limit the ladder may set on every GPU of the domain, from its
+    nodes' (enforced GPU limit, published minimum), either None where unknown: the cards'
+    minimum (decider.card_minimum, as decider.capping.driver takes it), or the ladder's
+    floor where higher."""
+    card = card_minimum(nodes)
+    if floor_watts is not None and (card is None or floor_watts > card.watts):
         return floor_watts, f"{FLOOR_FROM} {floor_watts:g} W"
     if card is None:
         return None, "no GPU limit known"
-    if card == read:
-        return card, f"the card minimum {card:g} W (read)"
-    return card, f"the card minimum {card:.0f} W ({MIN_LIMIT_FRACTION:.0%} of {largest:g} W)"
+    if card.read:
+        return card.watts, f"the card minimum {card.watts:g} W (read)"
+    return card.watts, (
+        f"the card minimum {card.watts:g} W ({MIN_LIMIT_FRACTION:.0%} of "
+        f"{card.estimated_from_watts:g} W)"
+    )
 
 
 def prediction(

@@ -378,16 +378,14 @@ class View:
         peaks = "peaks" in self.fresh
         limits = self.snapshot.gpu_limit_watts if "limits" in self.fresh else {}
         minimums = self.snapshot.gpu_min_limit_watts if "min_limits" in self.fresh else {}
-        nodes = self.members.get(ref, ())
-        published = [minimums[node] for node in nodes if node in minimums]
-        estimated = [limits[node] for node in nodes if node in limits and node not in minimums]
+        nodes = [(limits.get(node), minimums.get(node)) for node in self.members.get(ref, ())]
         return predicted_peak.prediction(
             settings,
             self.snapshot.domain_peaks.get(ref) if peaks else None,
             peaks,
             measured,
             self.oversubscribed_reserved.get(ref, ReservedFigures()),
-            predicted_peak.min_gpu_limit(estimated, settings.ladder.floor_gpu_watts, published),
+            predicted_peak.min_gpu_limit(nodes, settings.ladder.floor_gpu_watts),
         )
 
     @figure(_reserved_gpus_after)

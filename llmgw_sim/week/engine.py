@@ -295,10 +295,10 @@ class Week:
         self.reserved = np.zeros(len(self.domains))
         self.reserved_gpus = np.zeros(len(self.domains), dtype=int)
         self.reserved_non_gpu = np.zeros(len(self.domains))
-        self.min_gpu_limit, _ = min_gpu_limit(
-            [H100.power_limit_watts], self.settings.ladder.floor_gpu_watts
+        self.min_gpu_limit = (
+            min_gpu_limit([(H100.power_limit_watts, None)], self.settings.ladder.floor_gpu_watts)[0]
+            or 0.0
         )
-        self.min_gpu_limit = float(math.ceil(self.min_gpu_limit or 0.0))
         self.replicas = _Replicas()
         self.per_model_count = [0] * len(MODELS)
         self.curves = [traces.curves[m.name] for m in MODELS]
