@@ -153,6 +153,11 @@ class ReservationOut(_Body):
     expires_at: float | None
     confirmed_at: float | None
     confirmed: bool
+    host_watts: float = Field(
+        0.0,
+        description="the rest of its node's share beyond its own GPUs' share, where its node "
+        "held no reservation when it was made: the host it brought up",
+    )
     would_refuse: list[str] | None = Field(
         None, description="observe mode: what enforce mode would have refused the node for"
     )

@@ -22,7 +22,7 @@ from decider.config import Staleness
 from decider.facility import DomainRef, Facility
 from decider.giving_way import Collector, Pause, giving_way, no_pause, paced
 from decider.models import ReservationRequest
-from decider.placement import Verdict, answers, judge, missing, observed
+from decider.placement import Verdict, answers, judge, missing, observed, predicted_peak
 from decider.placement.view import View
 from decider.snapshot import INVENTORY_PARTS, Snapshot
 from decider.store import Hold, Override, Proposal, Reservation, Store
@@ -219,9 +219,8 @@ class State:
                     conflict=f"reservation {request.id!r} exists for node {existing.node} "
                     "with another replica or node; DELETE it first",
                 )
-            verdict = judge(
-                view, request.replica, view.node(request.node), view.site_gpu_limit_watts
-            )
+            node = view.node(request.node)
+            verdict = judge(view, request.replica, node, view.site_gpu_limit_watts)
             notes = tuple(missing(view, [verdict]))
             observed.WOULD_REFUSE.decision(
                 "reservation",
@@ -241,6 +240,12 @@ class State:
                 domains=view.membership(request.node) or (),
                 created_at=now,
                 expires_at=now + self._ttl,
+                host_watts=predicted_peak.host_rest_watts(
+                    request.replica.gpus,
+                    node.gpus,
+                    node.reserved_gpus,
+                    view.facility.node_share_watts,
+                ),
             )
             if not self.store.add(reservation):  # cannot happen under the lock; be loud
                 raise RuntimeError(f"reservation {request.id!r} appeared in the database")

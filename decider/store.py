@@ -29,7 +29,14 @@ from typing import Any, TypeVar
 
 from decider.facility import DomainRef
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: What each older schema version needs to become this one, in order, each in the transaction
+#: that also sets the version (a start that fails half-way leaves the file as it was).
+_UPGRADES = {
+    # 1 -> 2: the host a reservation brought up (Reservation.host_watts); 0 for those made
+    # before, which the upgrade cannot know.
+    1: "ALTER TABLE reservations ADD COLUMN host_watts REAL NOT NULL DEFAULT 0",
+}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS reservations (
@@ -41,7 +48,8 @@ CREATE TABLE IF NOT EXISTS reservations (
     domains TEXT NOT NULL,          -- the node's domains when reserved, JSON ["rack/r1", ...]
     created_at REAL NOT NULL,
     expires_at REAL,                -- NULL once confirmed
-    confirmed_at REAL
+    confirmed_at REAL,
+    host_watts REAL NOT NULL DEFAULT 0  -- the rest of the node share it brought up
 );
 CREATE TABLE IF NOT EXISTS holds (
     domain TEXT PRIMARY KEY,        -- kind/name
@@ -115,6 +123,10 @@ class Reservation:
     created_at: float
     expires_at: float | None
     confirmed_at: float | None = None
+    #: The rest of its node's share beyond its own GPUs' share, where its node held no
+    #: reservation when it was made: the host it brought up (predicted_peak.host_rest_watts),
+    #: which an oversubscribed domain counts with its peak until measured.
+    host_watts: float = 0.0
 
     @property
     def model(self) -> str:
@@ -188,13 +200,17 @@ class Store:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, SCHEMA_VERSION):
+            if not 0 <= version <= SCHEMA_VERSION:
                 raise StoreError(
                     f"{path}: database schema version {version}, this decider knows "
                     f"{SCHEMA_VERSION}: written by a newer decider?"
                 )
-            self._db.executescript(_SCHEMA)
+            self._db.executescript(_SCHEMA)  # a new file's tables, this version's
+            self._db.execute("BEGIN IMMEDIATE")
+            for step in range(version or SCHEMA_VERSION, SCHEMA_VERSION):
+                self._db.execute(_UPGRADES[step])
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self._db.execute("COMMIT")
             damage = [
                 line.strip(" *")
                 for (row,) in self._db.execute("PRAGMA quick_check(5)").fetchall()
@@ -305,7 +321,7 @@ class Store:
         return self._rows(
             "reservations",
             "SELECT id, node, replica, estimate_watts, gpus, domains, created_at, expires_at, "
-            "confirmed_at FROM reservations ORDER BY created_at, id",
+            "confirmed_at, host_watts FROM reservations ORDER BY created_at, id",
             _reservation,
         )
 
@@ -313,7 +329,7 @@ class Store:
         """Store it; False if a reservation with this id exists (nothing written then)."""
         try:
             self._write(
-                "INSERT INTO reservations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO reservations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     reservation.id,
                     reservation.node,
@@ -324,6 +340,7 @@ class Store:
                     reservation.created_at,
                     reservation.expires_at,
                     reservation.confirmed_at,
+                    reservation.host_watts,
                 ),
             )
         except sqlite3.IntegrityError:
@@ -463,4 +480,5 @@ def _reservation(row: tuple[Any, ...]) -> Reservation:
         created_at=_number(row[6]),
         expires_at=_optional_number(row[7]),
         confirmed_at=_optional_number(row[8]),
+        host_watts=_number(row[9]),
     )

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import replace
 
 import pytest
 
 from decider.facility import DomainRef
-from decider.store import Hold, Reservation, Store, StoreError
+from decider.store import SCHEMA_VERSION, Hold, Reservation, Store, StoreError
 
 
 def reservation(reservation_id: str = "r-1") -> Reservation:
@@ -48,6 +49,38 @@ def test_what_was_written_is_there_after_a_reopen(tmp_path):
     assert again.release(DomainRef("rack", "r1"))
     assert not again.release(DomainRef("rack", "r1"))
     again.close()
+
+
+def test_a_database_of_schema_1_is_upgraded_and_keeps_its_reservations(tmp_path):
+    """Schema 1 had no host_watts: its reservations read 0 (unknown), new ones keep theirs."""
+    path = tmp_path / "decider.db"
+    connection = sqlite3.connect(path)
+    connection.executescript(
+        """
+        CREATE TABLE reservations (id TEXT PRIMARY KEY, node TEXT NOT NULL,
+            replica TEXT NOT NULL, estimate_watts REAL NOT NULL, gpus INTEGER NOT NULL,
+            domains TEXT NOT NULL, created_at REAL NOT NULL, expires_at REAL,
+            confirmed_at REAL);
+        INSERT INTO reservations VALUES ('old', 'n1', '{"gpus": 4}', 2975.0, 4,
+            '["rack/r1"]', 50.0, NULL, 150.0);
+        PRAGMA user_version=1;
+        """
+    )
+    connection.close()
+    store = Store(path)
+    (old,) = store.reservations()
+    assert (old.id, old.confirmed_at, old.host_watts) == ("old", 150.0, 0.0)
+    assert store.add(replace(reservation("new"), host_watts=1_225.0))
+    store.close()
+    again = Store(path)
+    assert [(r.id, r.host_watts) for r in again.reservations()] == [
+        ("old", 0.0),
+        ("new", 1_225.0),
+    ]
+    again.close()
+    connection = sqlite3.connect(path)
+    assert connection.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    connection.close()
 
 
 def test_a_database_from_a_newer_decider_is_refused(tmp_path):

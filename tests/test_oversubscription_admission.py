@@ -41,11 +41,14 @@ from decider.placement.predicted_peak import (
     NewReplica,
     ReservedFigures,
     first_on_node,
+    host_rest_watts,
     min_gpu_limit,
     predicted_peak_fits,
     prediction,
+    reservation_figures,
 )
 from decider.snapshot import DomainPeak, Part
+from decider.store import Reservation
 from tests.decider_harness import Decider, FakePrometheus, Readings, poll, running
 from tests.placement_helpers import NOW, Site, make_facility, make_snapshot
 from tests.promstack import victoria_metrics
@@ -195,10 +198,11 @@ def test_a_burst_of_reservations_counts_each_at_its_peak_not_on_the_old_p99(
     site: Decider,
 ) -> None:
     # Each new reservation is not yet in the measurements: it counts on top at its peak,
-    # 300 W (measured p99 of m/tp1). 4.0 kW + 15 x 0.3 = 8.5 kW; a 16th is past 8.55 kW,
-    # the admission line (0.95: the first threshold 0.97 less the headroom 0.02) of the 9.0
-    # kW limit. On the old p99 alone every
-    # one would pass (4.0 + 0.3 kW).
+    # 300 W (measured p99 of m/tp1), and the first on each of o3, o4 and o5 with the host it
+    # brought up, 350 W x 7/8 of the node share (Reservation.host_watts): 4.0 kW + 12 x 0.3
+    # + 3 x 0.30625 = 8.52 kW; a 13th is past 8.55 kW, the admission line (0.95: the first
+    # threshold 0.97 less the headroom 0.02) of the 9.0 kW limit. On the old p99 alone every
+    # one would pass (4.0 + 0.3 kW); without the hosts, 15 would.
     made: list[str] = []
     try:
         answer = None
@@ -209,15 +213,21 @@ def test_a_burst_of_reservations_counts_each_at_its_peak_not_on_the_old_p99(
                 break
             made.append(rid)
         assert answer is not None and answer.status_code == 409, answer and answer.text
-        assert len(made) == 15
+        assert len(made) == 12
         assert answer.json()["reasons"] == [
-            "rack over: predicted peak 8.5 kW (p99 over 1.0 h of history 4.0 kW + 15 "
+            "rack over: predicted peak 8.5 kW (p99 over 1.0 h of history 4.0 kW + 12 "
             "reservation(s) not yet measured 4.5 kW) + replica's peak ~0.3 kW (measured p99 "
             "of m/tp1) = 8.8 kW, past its admission line 0.95 of its limit 9.0 kW "
             "(cap 10.0, margin 10%)"
         ]
         admission = site.domain("rack/over")["admission"]
-        assert (admission["unseen_reservations"], admission["predicted_watts"]) == (15, 8_500)
+        assert (admission["unseen_reservations"], admission["predicted_watts"]) == (
+            12,
+            pytest.approx(8_518.75, abs=0.1),
+        )
+        listed = site.get("/v1/reservations").json()["reservations"]
+        hosts = {each["id"]: each["host_watts"] for each in listed if each["id"] in made}
+        assert hosts == {rid: 306.25 if rid in made[:3] else 0.0 for rid in made}
     finally:
         for rid in made:
             site.delete(f"/v1/reservations/{rid}")
@@ -229,12 +239,13 @@ def test_a_replica_on_a_node_with_no_reservation_counts_the_rest_of_its_host(
 ) -> None:
     # The node's first replica brings up its host (docs/oversubscription-week.md: a rack
     # admitted a 1-GPU replica onto an empty node at its share of the host alone and sat
-    # capped most of the week). 14 reservations on o4 and o5, each unseen at its 300 W peak:
-    # 4.0 + 4.2 = 8.2 kW. One more fits o4 at 0.3 kW (8.5 of the 8.55 kW line), not the empty
-    # o6 at 0.3 + 350 x 7/8 W of the node share (8.8 kW).
+    # capped most of the week). 12 reservations on o4 and o5, each unseen at its 300 W peak,
+    # the first on each with its host, 350 x 7/8 W: 4.0 + 3.6 + 0.6 = 8.2 kW. One more fits
+    # o4 at 0.3 kW (8.5 of the 8.55 kW line), not the empty o6 at 0.3 + 350 x 7/8 W of the
+    # node share (8.8 kW).
     made: list[str] = []
     try:
-        for index in range(14):
+        for index in range(12):
             rid = f"host-{index}"
             answer = site.reserve(rid, NODES["over"][3 + index % 2], ONE_GPU)
             assert answer.status_code == 201, answer.text
@@ -243,7 +254,7 @@ def test_a_replica_on_a_node_with_no_reservation_counts_the_rest_of_its_host(
         assert answer["order"] == ["o4"], answer
         assert refusals(answer) == {
             "o6": [
-                "rack over: predicted peak 8.2 kW (p99 over 1.0 h of history 4.0 kW + 14 "
+                "rack over: predicted peak 8.2 kW (p99 over 1.0 h of history 4.0 kW + 12 "
                 "reservation(s) not yet measured 4.2 kW) + replica's peak ~0.6 kW (measured "
                 "p99 of m/tp1 + 0.3 kW, the rest of the node share of a node with no "
                 "reservation yet) = 8.8 kW, past its admission line 0.95 of its limit "
@@ -405,6 +416,31 @@ def test_through_the_decider_no_admission_leaves_the_safe_limit_below_the_card_m
                     assert fixed <= domain.limit
         finally:
             site.store.close()
+
+
+def test_a_reservation_that_brought_its_host_up_counts_it_until_measured() -> None:
+    """The host a node's first replica brought up counts with the replica's peak while the
+    measurement cannot see it (the admission counted it so), and not once it can."""
+    opted = Oversubscription.model_validate({"min_history": 3_600})
+    made = Reservation(
+        id="r",
+        node="n",
+        replica={"model": "m", "profile": "p", "gpus": 1},
+        estimate_watts=840.0,
+        gpus=1,
+        domains=(),
+        created_at=1_000.0,
+        expires_at=None,
+        confirmed_at=1_000.0,
+        host_watts=1_225.0,
+    )
+    unseen = reservation_figures(made, 700.0, 999.0, {("m", "p"): 600.0}, opted)
+    assert (unseen.unseen_count, unseen.unseen_watts) == (1, 600.0 + 1_225.0)
+    seen = reservation_figures(made, 700.0, 1_000.0, {("m", "p"): 600.0}, opted)
+    assert (seen.unseen_count, seen.unseen_watts) == (0, 0.0)
+    assert host_rest_watts(1, 8, 0, 1_400.0) == 1_225.0
+    assert host_rest_watts(1, 8, 2, 1_400.0) == 0.0  # its host is up already
+    assert host_rest_watts(1, None, 0, 1_400.0) == 0.0  # the estimate took the whole share
 
 
 def test_a_replica_past_the_predicted_peak_is_refused_for_it() -> None:

@@ -5,8 +5,9 @@ oversubscribed policy learns a low percentile and admits against it, then a ramp
 the traffic from hour 7 to 8, held to hour 11. With the ladder the oversubscribed site
 stays under its ratings and each excursion above rating x derating ends within the
 reaction time; without it the same site passes rating x derating again and again through
-the heavy hours (78 times, 2,610 s in all, in the run of 2026-12-04), so the ladder is
-what keeps it safe.
+the heavy hours (137 times, 6,430 s in all, in the run of 2026-12-04 13:49; the feeds are
+21 kW so that the racks hold enough replicas to show it: docs/oversubscription-week.md),
+so the ladder is what keeps it safe.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ SMALL_SITE = SiteSpec(
     rows=1,
     racks_per_row=2,
     nodes_per_rack=4,
+    feed_rating_watts=21_000.0,
     row_cap_watts=60_000.0,
     oversubscription={"min_history": "2h", "window": "6h"},
 )

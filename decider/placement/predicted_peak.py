@@ -242,6 +242,18 @@ def replica_peak(
     return estimate_watts, "estimate"
 
 
+def host_rest_watts(
+    replica_gpus: int, node_gpus: int | None, node_reserved_gpus: int, node_share_watts: float
+) -> float:
+    """The rest of the node's share a replica brings up beyond its own GPUs' share: all of
+    it but those GPUs' on a node that holds no reservation yet, else 0 (the host is up, or
+    in the estimate already where the node's GPUs are unknown). Kept with the reservation
+    (`Reservation.host_watts`) so that it counts while the measurement cannot see it."""
+    if node_reserved_gpus > 0 or node_gpus is None or node_gpus <= 0:
+        return 0.0
+    return node_share_watts * max(0, node_gpus - replica_gpus) / node_gpus
+
+
 def first_on_node(
     peak_watts: float,
     peak_from: str,
@@ -259,9 +271,7 @@ def first_on_node(
     of the rest of the week). Where the node idles powered, its host is in the measurement
     already and this counts it twice: the safe side, once per node. A node whose GPUs are
     unknown: unchanged (its estimate takes the whole share then, decider.placement.estimate)."""
-    if node_reserved_gpus > 0 or node_gpus is None or node_gpus <= 0:
-        return peak_watts, peak_from
-    rest = node_share_watts * max(0, node_gpus - replica_gpus) / node_gpus
+    rest = host_rest_watts(replica_gpus, node_gpus, node_reserved_gpus, node_share_watts)
     if rest <= 0:
         return peak_watts, peak_from
     return peak_watts + rest, (
@@ -294,6 +304,7 @@ def reservation_figures(
         peak, _ = replica_peak(
             reservation.model, profile, reservation.estimate_watts, unit_peaks, settings
         )
+        peak += reservation.host_watts  # the host it brought up, as admission counted it
     return ReservedFigures(
         gpus=reservation.gpus,
         non_gpu_watts=non_gpu_watts(reservation.estimate_watts, reservation.gpus, gpu_limit_watts),

@@ -26,8 +26,9 @@ capped guard, `predicted_peak.capped_guard`, fed the share of the 30-s samples a
 or 2, as the decider reads it from llmgw_decider_capping_step), today's rule. In both, a
 domain the ladder has capped admits nothing (as a domain over its cap admits nothing
 today). A replica on a node with no replica yet counts the rest of the node share on top
-of its peak (`predicted_peak.first_on_node`, as the decider's placement does): a node
-with no replica is off here, and its host comes up with its first.
+of its peak (`predicted_peak.first_on_node`, as the decider's placement does), and keeps
+counting it while unseen (the decider's `Reservation.host_watts`): a node with no replica
+is off here, and its host comes up with its first.
 `WeekConfig.capped_guard`, `first_host` and `admit_to_limit` turn parts of the rule off:
 the variants of docs/oversubscription-week.md.
 
@@ -62,6 +63,7 @@ from decider.placement.predicted_peak import (
     NewReplica,
     capped_guard,
     first_on_node,
+    host_rest_watts,
     min_gpu_limit,
     predicted_peak_fits,
 )
@@ -260,6 +262,9 @@ class _Replicas:
     offsets: list[np.ndarray] = field(default_factory=list)
     """Per hour of the run, where in its trace the replica's traffic starts (bins)."""
     admitted_at: list[float] = field(default_factory=list)
+    host: list[float] = field(default_factory=list)
+    """The rest of the node share each brought up (`predicted_peak.host_rest_watts`), counted
+    with its peak while unseen, as the decider's Reservation.host_watts."""
 
 
 class Week:
@@ -350,8 +355,8 @@ class Week:
         estimates; the new replica's peak on `node` as the decider's placement counts it
         (`first_on_node`: the rest of the node share where the node has no replica yet)."""
         unseen = sum(
-            self._peak(m)
-            for m, admitted, d in self._members(domain)
+            self._peak(m) + host
+            for m, admitted, host in self._members(domain)
             if now - admitted < self.settings.min_history
         )
         spec = MODELS[model]
@@ -384,10 +389,11 @@ class Week:
         )
         return fit.refused is None
 
-    def _members(self, domain: int) -> list[tuple[int, float, int]]:
+    def _members(self, domain: int) -> list[tuple[int, float, float]]:
+        """The domain's replicas: each one's model, when admitted, the host it brought up."""
         r = self.replicas
         return [
-            (r.model[i], r.admitted_at[i], domain)
+            (r.model[i], r.admitted_at[i], r.host[i])
             for i in range(len(r.model))
             if domain in self.node_domains[r.node[i]]
         ]
@@ -466,8 +472,19 @@ class Week:
         rng = np.random.default_rng([self.config.seed, 2, model, ordinal])
         trace = 0 if MODELS[model].trace == "conv" else 1
         curve = self.curves[model]
+        reserved_on_node = self.spec.gpus_per_node - int(self.free_gpus[node])
         self.free_gpus[node] -= MODELS[model].gpus
         r = self.replicas
+        r.host.append(
+            host_rest_watts(
+                MODELS[model].gpus,
+                self.spec.gpus_per_node,
+                reserved_on_node,
+                self.spec.node_share_watts,
+            )
+            if self.config.first_host
+            else 0.0
+        )
         r.model.append(model)
         r.node.append(node)
         r.scale.append(curve.capacity / self.trace_level[trace])
