@@ -62,7 +62,6 @@ from decider.facility import Facility
 from decider.placement.predicted_peak import (
     NewReplica,
     capped_guard,
-    first_on_node,
     host_rest_watts,
     min_gpu_limit,
     predicted_peak_fits,
@@ -353,24 +352,15 @@ class Week:
         figures the decider would read: the measured quantile and power now, the peaks of the
         replicas confirmed less than min_history ago, the reservations' GPUs and non-GPU
         estimates; the new replica's peak on `node` as the decider's placement counts it
-        (`first_on_node`: the rest of the node share where the node has no replica yet)."""
+        (`first_on_node`'s addition: the rest of the node share where the node has no replica
+        yet)."""
         unseen = sum(
             self._peak(m) + host
             for m, admitted, host in self._members(domain)
             if now - admitted < self.settings.min_history
         )
         spec = MODELS[model]
-        peak = self._peak(model)
-        if self.config.first_host:
-            reserved_on_node = self.spec.gpus_per_node - int(self.free_gpus[node])
-            peak, _ = first_on_node(
-                peak,
-                "measured",
-                spec.gpus,
-                self.spec.gpus_per_node,
-                reserved_on_node,
-                self.spec.node_share_watts,
-            )
+        peak = self._peak(model) + self._host_rest(model, node)
         fit = predicted_peak_fits(
             limit_watts=float(self.budget[domain]),
             other_watts=self.domains[domain].other_watts,
@@ -388,6 +378,20 @@ class Week:
             admit_to=1.0 if self.config.admit_to_limit else self.admit_to,
         )
         return fit.refused is None
+
+    def _host_rest(self, model: int, node: int) -> float:
+        """What a replica of `model` on `node` brings up beyond its own share of the node:
+        the decider's `host_rest_watts` (what `first_on_node` adds), 0 in the variant
+        without the first replica's host."""
+        if not self.config.first_host:
+            return 0.0
+        reserved_on_node = self.spec.gpus_per_node - int(self.free_gpus[node])
+        return host_rest_watts(
+            MODELS[model].gpus,
+            self.spec.gpus_per_node,
+            reserved_on_node,
+            self.spec.node_share_watts,
+        )
 
     def _members(self, domain: int) -> list[tuple[int, float, float]]:
         """The domain's replicas: each one's model, when admitted, the host it brought up."""
@@ -472,19 +476,10 @@ class Week:
         rng = np.random.default_rng([self.config.seed, 2, model, ordinal])
         trace = 0 if MODELS[model].trace == "conv" else 1
         curve = self.curves[model]
-        reserved_on_node = self.spec.gpus_per_node - int(self.free_gpus[node])
+        host = self._host_rest(model, node)
         self.free_gpus[node] -= MODELS[model].gpus
         r = self.replicas
-        r.host.append(
-            host_rest_watts(
-                MODELS[model].gpus,
-                self.spec.gpus_per_node,
-                reserved_on_node,
-                self.spec.node_share_watts,
-            )
-            if self.config.first_host
-            else 0.0
-        )
+        r.host.append(host)
         r.model.append(model)
         r.node.append(node)
         r.scale.append(curve.capacity / self.trace_level[trace])
